@@ -1,0 +1,56 @@
+"""FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import drcredit
+from drcredit.scoring.runtime import Runtime
+from drcredit.settings import Settings, get_settings
+from drcredit_api.endpoints import router
+from drcredit_api.errors import BodyLimit, install_handlers
+
+log = logging.getLogger("drcredit.api")
+
+DESCRIPTION = """\
+Process credit for deep-research agents (Dr.Credit). Post a group of rollouts for one
+question; the service judges how much new rubric support each visit adds, credits
+searches for navigation and snippets, normalizes within the group and returns per-turn
+advantages for GRPO-style training.
+"""
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    runtime_factory: Callable[[Settings], Runtime] | None = None,
+    broker_probe: Callable[[], None] | None = None,
+) -> FastAPI:
+    settings = settings or get_settings()
+    factory = runtime_factory or (lambda s: Runtime.build(s))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = factory(settings)
+        app.state.runtime = runtime
+        if not app.state.tenant_keys:
+            log.warning("no API keys configured (DRCREDIT_API_KEYS): the API is OPEN to anyone who can reach it; local use only")
+        log.info("drcredit API ready: judge=%s model=%s database=%s execution=%s", runtime.judge.backend,
+                 runtime.judge.model, runtime.db.engine.url.render_as_string(hide_password=True),
+                 "celery" if settings.distributed else "in-process")
+        try:
+            yield
+        finally:
+            runtime.close()
+
+    app = FastAPI(title="DrCredit", version=drcredit.__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.tenant_keys = settings.tenant_keys()
+    app.state.broker_probe = broker_probe
+    install_handlers(app)
+    app.include_router(router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

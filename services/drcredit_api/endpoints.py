@@ -1,0 +1,243 @@
+"""The routes of API.md. Each handler validates, calls the pipeline, shapes the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import func, select
+
+from drcredit import metrics
+from drcredit.domain.batch import BatchIn
+from drcredit.domain.group import GroupIn, Rollout
+from drcredit.scoring import documents
+from drcredit.scoring.errors import NotReady
+from drcredit.scoring.replay import replay
+from drcredit.scoring.runtime import Runtime
+from drcredit.storage import models as m
+from drcredit_api import schemas
+from drcredit_api.auth import tenant_of
+
+T = TypeVar("T")
+Tenant = Annotated[str, Depends(tenant_of)]
+Wait = Annotated[float, Query(ge=0, description="Long-poll up to this many seconds for the group to finish")]
+
+router = APIRouter()
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": schemas.ErrorBody, "description": "Missing or invalid API key"},
+    404: {"model": schemas.ErrorBody, "description": "No such group or batch for this tenant"},
+    409: {"model": schemas.ErrorBody, "description": "Conflicting re-post, or not done yet (with its status)"},
+    413: {"model": schemas.ErrorBody, "description": "Body larger than DRCREDIT_MAX_BODY_BYTES"},
+    422: {"model": schemas.ValidationErrorBody, "description": "Invalid input; each error names its field"},
+}
+
+
+def runtime_of(request: Request) -> Runtime:
+    return request.app.state.runtime  # type: ignore[no-any-return]
+
+
+RuntimeDep = Annotated[Runtime, Depends(runtime_of)]
+
+
+def _links(group_id: str) -> dict[str, str]:
+    base = f"/v1/groups/{group_id}"
+    return {"status": base, "advantages": f"{base}/advantages", "credits": f"{base}/credits", "rollouts": f"{base}/rollouts"}
+
+
+async def _read(rt: Runtime, fn: Callable[[Any], T]) -> T:
+    def run() -> T:
+        with rt.db.session() as s:
+            return fn(s)
+
+    return await run_in_threadpool(run)
+
+
+async def _wait_until_final(rt: Runtime, statuses: Callable[[Any], list[str]], wait: float) -> None:
+    """Long-poll: return once every status is final, or when the wait runs out."""
+    deadline = time.monotonic() + min(wait, rt.settings.max_wait_s)
+    interval = 0.02
+    while True:
+        current = await _read(rt, statuses)
+        if all(st in ("done", "failed") for st in current) or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        interval = min(interval * 1.5, 0.5)
+
+
+# ---------------------------------------------------------------------------- ingest
+
+
+@router.post("/v1/groups", status_code=202, response_model=schemas.Accepted, responses=ERRORS, tags=["ingest"])
+async def post_group(group: GroupIn, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+    """Submit one rollout group (or open a streaming group with ``expected_rollouts``)."""
+    sub = await run_in_threadpool(rt.pipeline.submit_group, tenant, group)
+    return {"group_id": sub.group_id, "status": sub.status, "created": sub.created, "links": _links(sub.group_id)}
+
+
+@router.post(
+    "/v1/groups/{group_id}/rollouts", status_code=202, response_model=schemas.RolloutAccepted,
+    responses=ERRORS, tags=["ingest"],
+)
+async def post_rollout(group_id: str, rollout: Rollout, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+    """Add one rollout to a streaming group; its judging starts at once."""
+    sub, created = await run_in_threadpool(rt.pipeline.add_rollout, tenant, group_id, rollout)
+
+    def state(s: Any) -> m.Group:
+        return documents.find_group(s, tenant, group_id)
+
+    row = await _read(rt, state)
+    return {"group_id": group_id, "rollout_id": rollout.id, "status": row.status, "created": created,
+            "rollouts_received": row.rollouts_received, "expected_rollouts": row.expected_rollouts}
+
+
+@router.post("/v1/batches", status_code=202, response_model=schemas.BatchAccepted, responses=ERRORS, tags=["ingest"])
+async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+    """Submit a training step's groups in one call (stored atomically)."""
+    batch_id, subs, created = await run_in_threadpool(rt.pipeline.submit_batch, tenant, batch)
+    return {"batch_id": batch_id, "group_ids": [s.group_id for s in subs], "created": created,
+            "links": {"status": f"/v1/batches/{batch_id}", "advantages": f"/v1/batches/{batch_id}/advantages"}}
+
+
+# ---------------------------------------------------------------------------- results
+
+
+@router.get("/v1/groups/{group_id}", response_model=schemas.GroupStatus, responses=ERRORS, tags=["results"])
+async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+    """Status and judging progress of a group."""
+    return await _read(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
+
+
+def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], list[str]]:
+    return lambda s: [documents.find_group(s, tenant, group_id).status]
+
+
+@router.get("/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=ERRORS, tags=["results"])
+async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
+    """Per-turn advantages once the group is done; ``409`` with its status before that."""
+    await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
+    return await _read(rt, lambda s: documents.advantages_document(documents.find_group(s, tenant, group_id, full=True)))
+
+
+@router.get("/v1/groups/{group_id}/credits", response_model=schemas.CreditsDocument, responses=ERRORS, tags=["results"])
+async def get_credits(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
+    """The breakdown behind the advantages: credit parts, judgments, support histories."""
+    await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
+    return await _read(rt, lambda s: documents.credits_document(s, documents.find_group(s, tenant, group_id, full=True)))
+
+
+@router.post("/v1/groups/{group_id}/replay", response_model=schemas.ReplayDocument, responses=ERRORS, tags=["results"])
+async def post_replay(group_id: str, body: schemas.ReplayRequest, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+    """Advantages recomputed from stored judgments under other parameters (no judge call)."""
+
+    def run(s: Any) -> dict[str, Any]:
+        group = documents.find_group(s, tenant, group_id, full=True)
+        result = replay(s, group, body.params)
+        s.add(m.Replay(group_pk=group.id, params=result["params"], result=result))
+        return result
+
+    return await _read(rt, run)
+
+
+def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
+    batch = documents.find_batch(s, tenant, batch_id)
+    rows = {g.group_id: g for g in s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(batch.group_ids)))}
+    return [rows[g] for g in batch.group_ids]
+
+
+def _batch_status(groups: list[m.Group]) -> str:
+    statuses = {g.status for g in groups}
+    if statuses <= {"done"}:
+        return "done"
+    if statuses <= {"done", "failed"}:
+        return "failed"
+    return "running" if statuses - {"queued"} else "queued"
+
+
+@router.get("/v1/batches/{batch_id}", response_model=schemas.BatchStatus, responses=ERRORS, tags=["results"])
+async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+    """Status of every group of a batch."""
+
+    def run(s: Any) -> dict[str, Any]:
+        groups = _batch_groups(s, tenant, batch_id)
+        return {"batch_id": batch_id, "status": _batch_status(groups),
+                "groups": [documents.status_document(s, g) for g in groups]}
+
+    return await _read(rt, run)
+
+
+@router.get("/v1/batches/{batch_id}/advantages", response_model=schemas.BatchAdvantages, responses=ERRORS, tags=["results"])
+async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
+    """Advantages of every group of a batch; ``409`` until every group has finished.
+
+    A failed group appears with its status and error in place of its advantages.
+    """
+    await _wait_until_final(rt, lambda s: [g.status for g in _batch_groups(s, tenant, batch_id)], wait)
+
+    def run(s: Any) -> dict[str, Any]:
+        groups = _batch_groups(s, tenant, batch_id)
+        pending = [g for g in groups if g.status not in ("done", "failed")]
+        if pending:
+            raise NotReady(_batch_status(groups), f"batch {batch_id!r}: {len(pending)} of {len(groups)} groups not finished")
+        docs = []
+        for g in groups:
+            if g.status == "done":
+                docs.append(documents.advantages_document(documents.find_group(s, tenant, g.group_id, full=True)))
+            else:
+                docs.append({"group_id": g.group_id, "status": g.status, "error": g.error})
+        return {"batch_id": batch_id, "status": _batch_status(groups), "groups": docs}
+
+    return await _read(rt, run)
+
+
+# ---------------------------------------------------------------------------- operations
+
+
+@router.get("/healthz", tags=["operations"])
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["operations"], responses={503: {"description": "Database or broker unreachable"}})
+async def readyz(request: Request, rt: RuntimeDep) -> Response:
+    """Database and broker reachable."""
+    checks: dict[str, str] = {}
+    try:
+        await run_in_threadpool(rt.db.ping)
+        checks["database"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - any failure means not ready
+        checks["database"] = f"unreachable: {type(exc).__name__}"
+    probe = getattr(request.app.state, "broker_probe", None)
+    if probe is None:
+        checks["broker"] = "in-process"
+    else:
+        try:
+            await run_in_threadpool(probe)
+            checks["broker"] = "ok"
+        except Exception as exc:  # noqa: BLE001
+            checks["broker"] = f"unreachable: {type(exc).__name__}"
+    ready = all(v in ("ok", "in-process") for v in checks.values())
+    return JSONResponse(status_code=200 if ready else 503, content={"status": "ready" if ready else "not ready", **checks})
+
+
+@router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+async def prometheus_metrics(rt: RuntimeDep) -> Response:
+    """Prometheus text format."""
+
+    def counts(s: Any) -> dict[str, int]:
+        return dict(s.execute(select(m.Group.status, func.count()).group_by(m.Group.status)).all())
+
+    try:
+        by_status = await _read(rt, counts)
+        for status in ("queued", "running", "done", "failed"):
+            metrics.GROUPS_BY_STATUS.labels(status).set(by_status.get(status, 0))
+    except Exception:  # noqa: BLE001 - metrics must answer even when the database does not
+        pass
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,148 @@
+"""Response shapes, so that the served OpenAPI document describes every answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from drcredit.domain.group import Rollout
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Accepted(_Open):
+    group_id: str
+    status: str
+    created: bool
+    links: dict[str, str]
+
+
+class RolloutAccepted(_Open):
+    group_id: str
+    rollout_id: str
+    status: str
+    created: bool
+    rollouts_received: int
+    expected_rollouts: int
+
+
+class BatchAccepted(_Open):
+    batch_id: str
+    group_ids: list[str]
+    created: bool
+    links: dict[str, str]
+
+
+class Progress(_Open):
+    judgments_total: int
+    judgments_done: int
+    judgments_failed: int
+    judge_calls: int
+    cache_hits: int
+    deterministic_zeros: int
+    snippet_calls_skipped: int
+
+
+class GroupStatus(_Open):
+    group_id: str
+    status: str
+    batch_id: str | None
+    error: str | None
+    expected_rollouts: int
+    rollouts_received: int
+    progress: Progress
+    judge: dict[str, str]
+    metadata: Any
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+
+
+class TurnAdvantage(_Open):
+    index: int
+    type: str
+    credit: float | None
+    process_advantage: float | None
+    advantage: float
+
+
+class RolloutAdvantages(_Open):
+    id: str
+    outcome_reward: float | None
+    outcome_advantage: float
+    turns: list[TurnAdvantage]
+
+
+class Stats(_Open):
+    mu_rg: float | None
+    sigma_rg: float | None
+    mu_o: float | None
+    sigma_o: float | None
+
+
+class AdvantagesDocument(_Open):
+    group_id: str
+    status: str
+    params: dict[str, Any]
+    stats: Stats
+    rollouts: list[RolloutAdvantages]
+
+
+class BatchAdvantages(_Open):
+    batch_id: str
+    status: str
+    groups: list[dict[str, Any]]
+
+
+class BatchStatus(_Open):
+    batch_id: str
+    status: str
+    groups: list[GroupStatus]
+
+
+class CreditsDocument(_Open):
+    group_id: str
+    status: str
+    params: dict[str, Any]
+    rollouts: list[dict[str, Any]]
+
+
+class ReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    params: dict[str, Any] = {}
+
+
+class Sensitivity(_Open):
+    turns: int
+    wasserstein_1: float
+    rmse: float
+    process_sign_agreement: float
+    fused_sign_agreement: float
+
+
+class ReplayDocument(AdvantagesDocument):
+    reference_params: dict[str, Any]
+    exact: bool
+    bounded_turns: list[dict[str, Any]]
+    sensitivity: Sensitivity
+
+
+class ErrorField(_Open):
+    field: str
+    message: str
+
+
+class ValidationErrorBody(_Open):
+    message: str
+    detail: list[ErrorField]
+
+
+class ErrorBody(_Open):
+    detail: str
+    status: str | None = None
+
+
+RolloutIn = Rollout

@@ -1,0 +1,1 @@
+"""The ``drcredit`` command: score, serve, worker, db."""

@@ -1,0 +1,81 @@
+"""Input errors that name the offending field by its path, e.g. ``rollouts[2].turns[4].id``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Union tags pydantic inserts into error locations of a discriminated union; they are
+#: not part of the document's shape, so paths skip them.
+TURN_TAGS = frozenset({"search", "visit", "answer", "tool"})
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with the input: the field's path and what is wrong with it."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class InvalidInput(ValueError):
+    """Raised with every :class:`FieldError` found; nothing has been stored."""
+
+    def __init__(self, errors: Sequence[FieldError]):
+        self.errors = list(errors)
+        super().__init__("; ".join(str(e) for e in self.errors))
+
+
+def format_path(loc: Iterable[Any]) -> str:
+    """Render a pydantic location tuple as ``a.b[3].c``, dropping union tags."""
+    out = ""
+    previous: Any = None
+    before_previous: Any = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in TURN_TAGS and isinstance(previous, int) and before_previous == "turns":
+            pass
+        elif isinstance(part, str) and part.startswith("function-"):
+            pass
+        else:
+            out += f".{part}" if out else str(part)
+        before_previous, previous = previous, part
+    return out
+
+
+def errors_from_pydantic(errors: Iterable[dict[str, Any]], strip: int = 0) -> list[FieldError]:
+    """Convert pydantic's ``errors()`` into :class:`FieldError`s.
+
+    Semantic errors raised by our own validators carry their paths in ``ctx.semantic``
+    (pydantic cannot point a model-level validator at a nested field), so those win.
+    """
+    result = []
+    for err in errors:
+        ctx = err.get("ctx") or {}
+        loc = tuple(err.get("loc", ()))[strip:]
+        prefix = format_path(loc)
+        if "semantic" in ctx:
+            for field, detail in ctx["semantic"]:
+                path = ".".join(p for p in (prefix, str(field)) if p).replace(".[", "[")
+                result.append(FieldError(path, str(detail)))
+            continue
+        message = str(err.get("msg", "invalid value"))
+        message = message.removeprefix("Value error, ")
+        if err.get("type") == "missing":
+            message = "field required"
+        elif err.get("type") == "extra_forbidden":
+            message = "unknown field"
+        elif "input" in err and err.get("type") not in ("missing",):
+            message = f"{message} (got {_short(err['input'])})"
+        result.append(FieldError(prefix, message))
+    return result
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,249 @@
+"""The rollout group a trainer posts (SPEC section 1), with every structural check.
+
+Field-level problems are pydantic errors; cross-field problems (duplicate ids, an
+``answer`` that is not last, ...) are collected by :func:`group_problems` and raised
+from a model validator with their full paths, so callers see one uniform error list.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from drcredit.domain.errors import FieldError
+from drcredit.domain.numbers import FiniteFloat
+from drcredit.domain.params import ScoringParams
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+GROUP_ID_PATTERN = r"^[A-Za-z0-9\-_.:]{1,128}$"
+GroupId = Annotated[str, StringConstraints(pattern=GROUP_ID_PATTERN)]
+_GROUP_ID_RE = re.compile(GROUP_ID_PATTERN)
+
+
+class _Model(BaseModel):
+    # Trainers attach their own bookkeeping fields to turns and rollouts; they are
+    # ignored rather than rejected. Parameters, where a typo changes results, forbid them.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Rubric(_Model):
+    id: Id
+    type: Literal["factual", "logical"]
+    description: str
+    weight: FiniteFloat
+    trusted_evidence: list[str] = Field(default_factory=list)
+
+    @property
+    def positive(self) -> bool:
+        """Only positive-weight rubrics take part in process credit (SPEC section 1)."""
+        return self.weight > 0
+
+
+class SearchCall(_Model):
+    queries: list[str] = Field(default_factory=list)
+
+
+class SearchResult(_Model):
+    id: Id
+    url: str
+    title: str = ""
+    snippet: str = ""
+
+
+class SearchTurn(_Model):
+    type: Literal["search"]
+    reasoning: str = ""
+    call: SearchCall = Field(default_factory=SearchCall)
+    results: list[SearchResult] = Field(default_factory=list)
+    error: str | None = None
+
+
+class VisitCall(_Model):
+    urls: list[str] = Field(default_factory=list)
+    goal: str = ""
+
+
+class Page(_Model):
+    id: Id
+    url: str = ""
+    evidence: str | None = None
+    summary: str | None = None
+    error: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        """A page with no error and non-blank evidence (SPEC section 3)."""
+        return not self.error and bool(self.evidence and self.evidence.strip())
+
+
+class VisitTurn(_Model):
+    type: Literal["visit"]
+    reasoning: str = ""
+    call: VisitCall = Field(default_factory=VisitCall)
+    pages: list[Page] = Field(default_factory=list)
+
+    @property
+    def usable_pages(self) -> list[Page]:
+        return [p for p in self.pages if p.usable]
+
+
+class AnswerTurn(_Model):
+    type: Literal["answer"]
+    reasoning: str = ""
+    answer: str = ""
+
+
+class ToolTurn(_Model):
+    type: Literal["tool"]
+    reasoning: str = ""
+    name: str = ""
+    arguments: Any = None
+    response: Any = None
+
+
+Turn = Annotated[SearchTurn | VisitTurn | AnswerTurn | ToolTurn, Field(discriminator="type")]
+
+
+class Rollout(_Model):
+    id: Id
+    outcome_reward: FiniteFloat | None = None
+    turns: list[Turn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> Rollout:
+        _raise(list(rollout_problems(self)))
+        return self
+
+    @property
+    def non_final_indices(self) -> list[int]:
+        """Indices of every turn but a trailing ``answer``."""
+        n = len(self.turns)
+        if n and isinstance(self.turns[-1], AnswerTurn):
+            n -= 1
+        return list(range(n))
+
+
+class GroupContent(_Model):
+    """What is scored: the question, its rubrics and the rollouts (SPEC section 1)."""
+
+    question: str
+    rubrics: list[Rubric] = Field(min_length=1)
+    rollouts: list[Rollout] = Field(default_factory=list)
+
+    @property
+    def positive_rubrics(self) -> list[Rubric]:
+        return [r for r in self.rubrics if r.positive]
+
+    def rollout(self, rollout_id: str) -> Rollout:
+        for r in self.rollouts:
+            if r.id == rollout_id:
+                return r
+        raise KeyError(rollout_id)
+
+
+class GroupIn(GroupContent):
+    """A group as posted: content plus ingest options (API.md)."""
+
+    group_id: GroupId | None = None
+    params: ScoringParams = Field(default_factory=ScoringParams)
+    metadata: Any = None
+    expected_rollouts: int | None = Field(default=None, ge=2, le=4096)
+
+    @model_validator(mode="after")
+    def _check(self) -> GroupIn:
+        _raise(list(group_problems(self)))
+        return self
+
+    @property
+    def streaming(self) -> bool:
+        return self.expected_rollouts is not None
+
+
+def _raise(problems: list[FieldError]) -> None:
+    if problems:
+        raise PydanticCustomError(
+            "invalid_group",
+            "; ".join(str(p) for p in problems),
+            {"semantic": [(p.field, p.message) for p in problems]},
+        )
+
+
+def rollout_problems(rollout: Rollout) -> Iterator[FieldError]:
+    """Cross-field checks inside one rollout; paths are relative to the rollout."""
+    results: dict[str, str] = {}
+    pages: dict[str, str] = {}
+    for t, turn in enumerate(rollout.turns):
+        if isinstance(turn, AnswerTurn) and t != len(rollout.turns) - 1:
+            yield FieldError(
+                f"turns[{t}].type",
+                f"an answer turn must be the last turn (found at {t} of {len(rollout.turns)})",
+            )
+        if isinstance(turn, SearchTurn):
+            for j, res in enumerate(turn.results):
+                here = f"turns[{t}].results[{j}].id"
+                if res.id in results:
+                    yield FieldError(here, f"duplicate result id {res.id} (first at {results[res.id]})")
+                else:
+                    results[res.id] = here
+        elif isinstance(turn, VisitTurn):
+            for j, page in enumerate(turn.pages):
+                here = f"turns[{t}].pages[{j}].id"
+                if page.id in pages:
+                    yield FieldError(here, f"duplicate page id {page.id} (first at {pages[page.id]})")
+                else:
+                    pages[page.id] = here
+
+
+def group_problems(group: GroupIn) -> Iterator[FieldError]:
+    """Cross-field checks over the whole group; paths are relative to the group."""
+    seen: dict[str, int] = {}
+    for k, rubric in enumerate(group.rubrics):
+        if rubric.id in seen:
+            yield FieldError(f"rubrics[{k}].id", f"duplicate rubric id {rubric.id} (first at rubrics[{seen[rubric.id]}])")
+        else:
+            seen[rubric.id] = k
+    if not group.positive_rubrics:
+        yield FieldError("rubrics", "no rubric has a positive weight; process credit needs at least one")
+    n = len(group.rollouts)
+    if group.expected_rollouts is None:
+        if n < 2:
+            yield FieldError("rollouts", f"a group needs at least 2 rollouts, got {n} (or set expected_rollouts to stream them)")
+    elif n > group.expected_rollouts:
+        yield FieldError("rollouts", f"{n} rollouts exceed expected_rollouts={group.expected_rollouts}")
+    yield from rollout_set_problems(group.rollouts)
+
+
+def rollout_set_problems(rollouts: list[Rollout], offset: int = 0) -> Iterator[FieldError]:
+    """Ids unique and outcome rewards either on every rollout or on none."""
+    ids: dict[str, int] = {}
+    for i, rollout in enumerate(rollouts):
+        if rollout.id in ids:
+            yield FieldError(f"rollouts[{i + offset}].id", f"duplicate rollout id {rollout.id} (first at rollouts[{ids[rollout.id]}])")
+        else:
+            ids[rollout.id] = i + offset
+    yield from outcome_reward_problems(rollouts, offset)
+
+
+def outcome_reward_problems(rollouts: list[Rollout], offset: int = 0) -> Iterator[FieldError]:
+    """``outcome_reward`` is optional for the group as a whole, not per rollout.
+
+    A group where some rollouts carry a reward and others do not cannot be normalized
+    (SPEC section 6 needs all G rewards), so the missing ones are named. A group with no
+    rewards at all is scored process-only with a zero outcome advantage.
+    """
+    have = [r.outcome_reward is not None for r in rollouts]
+    if any(have) and not all(have):
+        for i, rollout in enumerate(rollouts):
+            if rollout.outcome_reward is None:
+                yield FieldError(
+                    f"rollouts[{i + offset}].outcome_reward",
+                    "missing; every rollout of the group needs an outcome_reward when any has one",
+                )
+
+
+def is_valid_group_id(value: str) -> bool:
+    return bool(_GROUP_ID_RE.match(value))

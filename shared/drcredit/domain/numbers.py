@@ -1,0 +1,24 @@
+"""Strict numeric field types shared by the input model and the parameters."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field
+
+
+def _strict_number(value: Any) -> Any:
+    # JSON booleans and numeric strings are almost always a client bug: refuse them
+    # instead of letting pydantic's lax mode coerce True into 1.0.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value!r}")
+    return float(value)
+
+
+FiniteFloat = Annotated[float, BeforeValidator(_strict_number)]
+NonNegativeFloat = Annotated[float, BeforeValidator(_strict_number), Field(ge=0.0)]
+PositiveFloat = Annotated[float, BeforeValidator(_strict_number), Field(gt=0.0)]
+UnitFloat = Annotated[float, BeforeValidator(_strict_number), Field(ge=0.0, le=1.0)]

@@ -1,0 +1,38 @@
+"""Per-group scoring parameters (SPEC section 7) and the judge-failure policy (section 8)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
+
+from drcredit.domain.numbers import NonNegativeFloat, PositiveFloat, UnitFloat
+
+#: Parameters whose change alters what the judge is asked, so a replay cannot honour them.
+JUDGMENT_PARAMETERS = frozenset({"history"})
+
+
+class ScoringParams(BaseModel):
+    """Every knob of the credit math; unknown names are rejected, defaults follow SPEC."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    visit_levels: tuple[NonNegativeFloat, NonNegativeFloat, NonNegativeFloat] = (0.0, 0.2, 0.5)
+    cap: PositiveFloat = 1.0
+    snippet_weight: NonNegativeFloat = 0.1
+    history: StrictBool = True
+    navigation: StrictBool = True
+    snippets: StrictBool = True
+    attribution: Literal["all", "latest"] = "all"
+    skip_saturated_snippets: StrictBool = True
+    discount: UnitFloat = 0.0
+    process_weight: NonNegativeFloat = 1.0
+    outcome_on_research_turns: StrictBool = True
+    on_judge_failure: Literal["zero", "fail"] = "zero"
+
+    @model_validator(mode="after")
+    def _levels_non_decreasing(self) -> ScoringParams:
+        a, b, c = self.visit_levels
+        if not (a <= b <= c):
+            raise ValueError(f"visit_levels must be non-decreasing, got {list(self.visit_levels)}")
+        return self

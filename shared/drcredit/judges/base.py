@@ -1,0 +1,260 @@
+"""The judge interface and the retry/validation loop every backend shares.
+
+A backend only turns a prompt into text (:meth:`Judge.complete`); parsing, SPEC
+validation, retries with backoff and the per-attempt record live here, so the offline
+and OpenAI-compatible backends fail, retry and report in exactly the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from drcredit.domain.group import Rubric, SearchResult, VisitTurn
+from drcredit.domain.verdicts import (
+    InvalidAnswer,
+    SnippetVerdict,
+    VisitVerdict,
+    accept_snippet_matches,
+    validate_visit_answer,
+)
+from drcredit.judges import prompts
+
+JudgeKind = Literal["visit", "snippet"]
+V = TypeVar("V", VisitVerdict, SnippetVerdict)
+
+
+@dataclass(frozen=True)
+class VisitJudgeRequest:
+    """Everything the visit judge sees for one (visit, rubric) (SPEC section 3)."""
+
+    question: str
+    rubric: Rubric
+    prior_support: tuple[str, ...]
+    turn: VisitTurn
+    turn_index: int
+    visit_index: int
+
+    @property
+    def usable_page_ids(self) -> list[str]:
+        return [p.id for p in self.turn.usable_pages]
+
+
+@dataclass(frozen=True)
+class SnippetJudgeRequest:
+    """Everything the snippet judge sees for one search turn (SPEC section 4)."""
+
+    question: str
+    rubrics: tuple[Rubric, ...]
+    results: tuple[SearchResult, ...]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    kind: JudgeKind
+    system: str
+    user: str
+    schema_name: str
+    schema: dict[str, Any]
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
+
+    def cache_key(self, model: str) -> str:
+        """Identical requests (same model and text) share one judgment within a group."""
+        digest = hashlib.sha256()
+        for part in (model, self.kind, self.system, self.user):
+            digest.update(part.encode())
+            digest.update(b"\x00")
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A backend's raw answer to one attempt."""
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class RetryableError(Exception):
+    """An attempt failed in a way another attempt may fix (connection, 429, 5xx, timeout)."""
+
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class FatalJudgeError(Exception):
+    """An attempt failed in a way retrying cannot fix (bad credentials, unknown model)."""
+
+
+@dataclass
+class Attempt:
+    number: int
+    outcome: str  # ok | invalid | timeout | connection | rate_limited | server_error | fatal
+    latency_s: float
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
+class JudgeResult(Generic[V]):
+    """One judgment: the validated verdict, or the reason it failed, and every attempt."""
+
+    kind: JudgeKind
+    status: Literal["ok", "failed"]
+    model: str
+    backend: str
+    verdict: V | None
+    answer: Any = None
+    failure_reason: str | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def latency_s(self) -> float:
+        return sum(a.latency_s for a in self.attempts)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(a.prompt_tokens for a in self.attempts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(a.completion_tokens for a in self.attempts)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 4
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 20.0
+
+
+class Judge(ABC):
+    """A judge backend; subclasses implement :meth:`complete` only."""
+
+    backend: str = "abstract"
+
+    def __init__(self, model: str, retry: RetryPolicy | None = None):
+        self.model = model
+        self.retry = retry or RetryPolicy()
+
+    @abstractmethod
+    def complete(self, prompt: Prompt) -> Completion:
+        """Send one prompt once; raise :class:`RetryableError` or :class:`FatalJudgeError`."""
+
+    def close(self) -> None:
+        """Release connections; the default holds none."""
+
+    # ------------------------------------------------------------------ requests
+
+    def visit_prompt(self, request: VisitJudgeRequest) -> Prompt:
+        return prompts.visit_prompt(request)
+
+    def snippet_prompt(self, request: SnippetJudgeRequest) -> Prompt:
+        return prompts.snippet_prompt(request)
+
+    def judge_visit(self, request: VisitJudgeRequest) -> JudgeResult[VisitVerdict]:
+        usable = request.usable_page_ids
+        return self._run(self.visit_prompt(request), lambda answer: validate_visit_answer(answer, usable))
+
+    def judge_snippets(self, request: SnippetJudgeRequest) -> JudgeResult[SnippetVerdict]:
+        rubric_ids = [r.id for r in request.rubrics]
+        snippets = {r.id: r.snippet for r in request.results}
+        return self._run(self.snippet_prompt(request), lambda answer: accept_snippet_matches(answer, rubric_ids, snippets))
+
+    # ------------------------------------------------------------------ the loop
+
+    def _run(self, prompt: Prompt, validate: Callable[[Any], V]) -> JudgeResult[V]:
+        result: JudgeResult[V] = JudgeResult(prompt.kind, "failed", self.model, self.backend, None)
+
+        def one_attempt() -> tuple[Any, V]:
+            number = len(result.attempts) + 1
+            started = time.perf_counter()
+            try:
+                completion = self.complete(prompt)
+            except RetryableError as exc:
+                result.attempts.append(Attempt(number, exc.outcome, time.perf_counter() - started, error=str(exc)))
+                raise
+            except FatalJudgeError as exc:
+                result.attempts.append(Attempt(number, "fatal", time.perf_counter() - started, error=str(exc)))
+                raise
+            attempt = Attempt(
+                number, "ok", time.perf_counter() - started,
+                completion.prompt_tokens, completion.completion_tokens,
+            )
+            result.attempts.append(attempt)
+            try:
+                if completion.finish_reason == "length":
+                    raise InvalidAnswer("the answer was cut off at the token limit")
+                answer = parse_json_answer(completion.text)
+                verdict = validate(answer)
+            except InvalidAnswer as exc:
+                attempt.outcome, attempt.error = "invalid", str(exc)
+                raise RetryableError("invalid", str(exc)) from exc
+            return answer, verdict
+
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, self.retry.max_attempts)),
+            wait=wait_exponential_jitter(initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s),
+            retry=retry_if_exception(lambda e: isinstance(e, RetryableError)),
+            reraise=False,
+        )
+        try:
+            answer, verdict = retrying(one_attempt)
+        except RetryError:
+            last = result.attempts[-1]
+            result.failure_reason = f"{last.outcome} after {len(result.attempts)} attempts: {last.error}"
+            return result
+        except FatalJudgeError as exc:
+            result.failure_reason = f"fatal: {exc}"
+            return result
+        result.status, result.answer, result.verdict = "ok", answer, verdict
+        return result
+
+
+def parse_json_answer(text: str) -> Any:
+    """The JSON object in a judge's text: bare, inside a fenced block, or embedded in prose.
+
+    Nothing is repaired: a truncated or malformed object is an invalid answer (and so a
+    retry), never a guessed judgment.
+    """
+    stripped = text.strip()
+    candidates = [stripped]
+    fence = _fenced_block(stripped)
+    if fence is not None:
+        candidates.append(fence)
+    start, end = stripped.find("{"), stripped.rfind("}")
+    if 0 <= start < end:
+        candidates.append(stripped[start : end + 1])
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    raise InvalidAnswer(f"no JSON object in the answer: {stripped[:120]!r}")
+
+
+def _fenced_block(text: str) -> str | None:
+    opening = text.find("```")
+    if opening < 0:
+        return None
+    body_start = text.find("\n", opening)
+    closing = text.find("```", body_start + 1) if body_start >= 0 else -1
+    if body_start < 0 or closing < 0:
+        return None
+    return text[body_start + 1 : closing].strip()

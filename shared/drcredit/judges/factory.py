@@ -1,0 +1,28 @@
+"""Build the configured judge backend from settings."""
+
+from __future__ import annotations
+
+from drcredit.judges.base import Judge, RetryPolicy
+from drcredit.settings import Settings
+
+
+def build_judge(settings: Settings) -> Judge:
+    retry = RetryPolicy(settings.judge_max_attempts, settings.judge_backoff_initial_s, settings.judge_backoff_max_s)
+    if settings.judge == "offline":
+        from drcredit.judges.offline import OfflineJudge
+
+        return OfflineJudge()
+    from drcredit.judges.openai_judge import OpenAIJudge
+
+    return OpenAIJudge(
+        base_url=settings.judge_base_url,
+        model=settings.judge_model,
+        api_key=settings.judge_api_key,
+        timeout_s=settings.judge_timeout_s,
+        max_tokens=settings.judge_max_tokens,
+        temperature=settings.judge_temperature,
+        response_format=settings.judge_response_format,
+        extra_body=settings.judge_extra_body,
+        retry=retry,
+        max_connections=max(16, settings.judge_concurrency),
+    )

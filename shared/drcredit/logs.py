@@ -1,0 +1,40 @@
+"""Logging set-up: structlog for our records, stdlib logging routed through the same output.
+
+Records carry the ids they concern (group, rollout, rubric) as fields; ``json`` format
+is for deployments, ``console`` for people.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+from drcredit.settings import Settings
+
+
+def configure_logging(settings: Settings, *, quiet: bool = False) -> None:
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer() if settings.log_format == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    shared: list[structlog.types.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso"),
+        structlog.stdlib.ExtraAdder(),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processors=[
+        structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel("WARNING" if quiet else settings.log_level.upper())
+    for noisy in ("httpx", "httpcore", "openai", "alembic"):
+        logging.getLogger(noisy).setLevel("WARNING")

@@ -1,0 +1,33 @@
+"""Prometheus metrics shared by the API and the workers (one registry per process)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+JUDGE_CALLS = Counter(
+    "drcredit_judge_calls_total", "Judge calls by backend, kind and outcome", ["backend", "kind", "outcome"]
+)
+JUDGE_ATTEMPTS = Counter(
+    "drcredit_judge_attempts_total", "Judge HTTP attempts by backend, kind and outcome", ["backend", "kind", "outcome"]
+)
+JUDGE_LATENCY = Histogram(
+    "drcredit_judge_latency_seconds",
+    "Latency of one judgment including its retries",
+    ["backend", "kind"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
+)
+JUDGE_TOKENS = Counter("drcredit_judge_tokens_total", "Judge tokens by kind and direction", ["backend", "kind", "direction"])
+JUDGE_CACHE_HITS = Counter("drcredit_judge_cache_hits_total", "Judgments reused from an identical request", ["kind"])
+DETERMINISTIC_ZEROS = Counter("drcredit_deterministic_zero_judgments_total", "Visit judgments made without a call")
+SNIPPET_SKIPS = Counter("drcredit_snippet_calls_skipped_total", "Snippet calls skipped under saturation")
+UNITS = Counter("drcredit_work_units_total", "Work units run, by kind and outcome", ["kind", "outcome"])
+CHAINS_IN_FLIGHT = Gauge("drcredit_chains_in_flight", "Visit chains being judged right now in this process")
+GROUPS_FINISHED = Counter("drcredit_groups_finished_total", "Groups that reached a final status", ["status"])
+GROUPS_INGESTED = Counter("drcredit_groups_ingested_total", "Groups accepted by ingest (new, not re-posts)")
+GROUP_LATENCY = Histogram(
+    "drcredit_group_latency_seconds",
+    "From ingest of a group to its advantages",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+GROUPS_BY_STATUS = Gauge("drcredit_groups", "Groups in the database by status", ["status"])
+QUEUE_DEPTH = Gauge("drcredit_queue_depth", "Messages waiting in each broker queue", ["queue"])

@@ -1,0 +1,193 @@
+"""The JSON documents the API and CLI return: status, advantages, credits breakdown."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from drcredit.scoring.errors import NotFound, NotReady
+from drcredit.storage import models as m
+
+
+def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) -> m.Group:
+    query = select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
+    if full:
+        query = query.options(selectinload(m.Group.rollouts).selectinload(m.Rollout.turns))
+    row = s.scalar(query)
+    if row is None:
+        raise NotFound(f"group {group_id!r} not found")
+    return row
+
+
+def find_batch(s: Session, tenant: str, batch_id: str) -> m.Batch:
+    row = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
+    if row is None:
+        raise NotFound(f"batch {batch_id!r} not found")
+    return row
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def progress(s: Session, group_pk: int) -> dict[str, int]:
+    """Judgment counts: total excludes deterministic zeros, done includes skipped calls."""
+    counts = dict(
+        s.execute(
+            select(m.Judgment.status, func.count()).where(m.Judgment.group_pk == group_pk).group_by(m.Judgment.status)
+        ).all()
+    )
+    calls, hits = s.execute(
+        select(func.count(), func.coalesce(func.sum(m.Judgment.cache_hit.cast(m.Integer)), 0)).where(
+            m.Judgment.group_pk == group_pk, m.Judgment.status.in_(("ok", "failed"))
+        )
+    ).one()
+    planned = s.scalar(
+        select(func.count()).select_from(m.WorkUnit).where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "snippet")
+    ) or 0
+    chain_visits = _planned_visit_judgments(s, group_pk)
+    done = counts.get("ok", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
+    return {
+        "judgments_total": chain_visits + planned,
+        "judgments_done": done,
+        "judgments_failed": counts.get("failed", 0),
+        "judge_calls": int(calls) - int(hits),
+        "cache_hits": int(hits),
+        "deterministic_zeros": counts.get("deterministic", 0),
+        "snippet_calls_skipped": counts.get("skipped", 0),
+    }
+
+
+def _planned_visit_judgments(s: Session, group_pk: int) -> int:
+    # A chain's length is the number of its rollout's visit turns with a usable page;
+    # deterministic zeros are stored per rubric, so chains x visits minus them is exact.
+    rows = s.execute(
+        select(m.Turn.body, m.Rollout.rollout_id)
+        .join(m.Rollout, m.Turn.rollout_pk == m.Rollout.id)
+        .where(m.Rollout.group_pk == group_pk, m.Turn.type == "visit")
+    ).all()
+    usable: dict[str, int] = {}
+    for body, rollout_id in rows:
+        pages = body.get("pages") or []
+        if any(not p.get("error") and (p.get("evidence") or "").strip() for p in pages):
+            usable[rollout_id] = usable.get(rollout_id, 0) + 1
+    chains = s.execute(
+        select(m.WorkUnit.rollout_id, func.count()).where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "visit_chain")
+        .group_by(m.WorkUnit.rollout_id)
+    ).all()
+    return sum(usable.get(rollout_id, 0) * n for rollout_id, n in chains)
+
+
+def status_document(s: Session, group: m.Group) -> dict[str, Any]:
+    return {
+        "group_id": group.group_id,
+        "status": group.status,
+        "batch_id": group.batch.batch_id if group.batch is not None else None,
+        "error": group.error,
+        "expected_rollouts": group.expected_rollouts,
+        "rollouts_received": group.rollouts_received,
+        "progress": progress(s, group.id),
+        "judge": {"backend": group.judge_backend, "model": group.judge_model},
+        "metadata": group.metadata_,
+        "created_at": _iso(group.created_at),
+        "started_at": _iso(group.started_at),
+        "finished_at": _iso(group.finished_at),
+    }
+
+
+def require_done(group: m.Group) -> None:
+    if group.status != "done":
+        message = f"group {group.group_id!r} is {group.status}"
+        if group.error:
+            message += f": {group.error}"
+        raise NotReady(group.status, message)
+
+
+def advantages_document(group: m.Group) -> dict[str, Any]:
+    """API.md's advantages document for a done group."""
+    require_done(group)
+    stats = group.stats or {}
+    rollouts = []
+    for r in group.rollouts:
+        turns = []
+        for t in r.turns:
+            final = t.type == "answer"
+            turns.append({
+                "index": t.index,
+                "type": t.type,
+                "credit": None if final else t.credit,
+                "process_advantage": None if final else t.process_advantage,
+                "advantage": t.advantage,
+            })
+        rollouts.append({
+            "id": r.rollout_id,
+            "outcome_reward": r.outcome_reward,
+            "outcome_advantage": r.outcome_advantage,
+            "turns": turns,
+        })
+    return {
+        "group_id": group.group_id,
+        "status": group.status,
+        "params": group.params,
+        "stats": {k: stats.get(k) for k in ("mu_rg", "sigma_rg", "mu_o", "sigma_o")},
+        "metadata": group.metadata_,
+        "rollouts": rollouts,
+    }
+
+
+def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
+    """Per turn: the credit parts, every judgment, and each rubric's support history."""
+    require_done(group)
+    judgments = s.scalars(
+        select(m.Judgment).where(m.Judgment.group_pk == group.id)
+        .options(selectinload(m.Judgment.attempts))
+        .order_by(m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.rubric_id)
+    ).all()
+    by_turn: dict[tuple[str, int], list[m.Judgment]] = {}
+    for j in judgments:
+        by_turn.setdefault((j.rollout_id, j.turn_index), []).append(j)
+    points = s.scalars(
+        select(m.SupportPoint).where(m.SupportPoint.group_pk == group.id)
+        .order_by(m.SupportPoint.rollout_id, m.SupportPoint.rubric_id, m.SupportPoint.position)
+    ).all()
+    histories: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for p in points:
+        histories.setdefault(p.rollout_id, {}).setdefault(p.rubric_id, []).append({"turn_index": p.turn_index, "text": p.text})
+    rollouts = []
+    for r in group.rollouts:
+        turns = []
+        for t in r.turns:
+            entry: dict[str, Any] = {"index": t.index, "type": t.type, "credit": None if t.type == "answer" else t.credit}
+            if t.type == "visit":
+                entry.update(visit_credit=t.visit_credit, visit_credit_uncapped=t.visit_credit_uncapped)
+            if t.type == "search":
+                entry.update(navigation_credit=t.navigation_credit, snippet_credit=t.snippet_credit,
+                             snippet_matches=t.snippet_matches)
+            entry["judgments"] = [_judgment(j) for j in by_turn.get((r.rollout_id, t.index), [])]
+            turns.append(entry)
+        rollouts.append({"id": r.rollout_id, "turns": turns, "support_histories": histories.get(r.rollout_id, {})})
+    return {"group_id": group.group_id, "status": group.status, "params": group.params, "rollouts": rollouts}
+
+
+def _judgment(j: m.Judgment) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": j.kind, "status": j.status}
+    if j.kind == "visit":
+        out.update(rubric_id=j.rubric_id, level=j.level, page_ids=j.page_ids or [], support_points=j.support_points or [],
+                   prior_support_points=j.prior_support)
+    else:
+        out.update(match_count=j.match_count, matches=j.matches or [], rejected_matches=j.rejected_matches or [])
+    out.update(
+        rationale=j.rationale,
+        failure_reason=j.failure_reason,
+        cache_hit=j.cache_hit,
+        model=j.model,
+        latency_s=j.latency_s,
+        prompt_tokens=j.prompt_tokens,
+        completion_tokens=j.completion_tokens,
+        attempts=[{"number": a.number, "outcome": a.outcome, "error": a.error, "latency_s": a.latency_s}
+                  for a in j.attempts],
+    )
+    return out

@@ -1,0 +1,744 @@
+"""Ingest and judging of groups, one database-backed work unit at a time.
+
+A group becomes work units when its rollouts arrive: one visit chain per (rollout,
+positive rubric), one snippet call per search turn with eligible results. A unit reads
+what is already stored and continues from there, commits each judgment before the next
+judge call, and holds no transaction open while the judge thinks; completion is counted
+in the ``groups`` row and the unit that finishes last schedules the aggregation, once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from drcredit import metrics
+from drcredit.domain.advantages import group_advantages
+from drcredit.domain.credit import (
+    Judgments,
+    SnippetTask,
+    VisitChain,
+    group_credits,
+    plan_rollout,
+    snippet_decision,
+    visit_credit,
+)
+from drcredit.domain.batch import BatchIn
+from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric, VisitTurn
+from drcredit.domain.params import ScoringParams
+from drcredit.domain.verdicts import (
+    RejectedMatch,
+    SnippetMatch,
+    SnippetVerdict,
+    VisitVerdict,
+)
+from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
+from drcredit.scoring.content import canonical_hash, content_of, group_hash, params_of, rollout_hash
+from drcredit.scoring.dispatch import Dispatcher, UnitRef
+from drcredit.scoring.errors import Conflict, NotFound
+from drcredit.storage import models as m
+from drcredit.storage.database import Database
+
+log = logging.getLogger("drcredit.pipeline")
+R = TypeVar("R", VisitVerdict, SnippetVerdict)
+
+#: Deliveries of one unit before its group is failed instead of retried again.
+MAX_UNIT_ATTEMPTS = 5
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Submitted:
+    group_pk: int
+    group_id: str
+    status: str
+    created: bool
+
+
+class Pipeline:
+    """Ingest, unit execution and aggregation over one database and one judge."""
+
+    def __init__(self, db: Database, judge: Judge, dispatcher: Dispatcher, *, default_failure_policy: str = "zero"):
+        self.db = db
+        self.judge = judge
+        self.dispatcher = dispatcher
+        self.default_failure_policy = default_failure_policy
+        self._content_cache: OrderedDict[tuple[int, int], GroupContent] = OrderedDict()
+        self._cache_lock = threading.Lock()
+        self._inflight: dict[tuple[int, str], Future[Any]] = {}
+        self._inflight_lock = threading.Lock()
+
+    # ================================================================== ingest
+
+    def submit_group(
+        self,
+        tenant: str,
+        group: GroupIn,
+        *,
+        batch_pk: int | None = None,
+        position: int | None = None,
+        session: Session | None = None,
+    ) -> Submitted:
+        """Store a group and start judging it; idempotent on ``group_id``.
+
+        With ``session`` given the caller owns the transaction (a batch stores all its
+        groups atomically) and must call :meth:`start` with the result after commit.
+        """
+        if session is not None:
+            return self._store_group(session, tenant, group, batch_pk, position)
+        try:
+            with self.db.session() as s:
+                submitted = self._store_group(s, tenant, group, batch_pk, position)
+        except IntegrityError:
+            # A concurrent post of the same group_id won the insert: answer as a re-post.
+            with self.db.session() as s:
+                submitted = self._store_group(s, tenant, group, batch_pk, position)
+        self.start([submitted])
+        return submitted
+
+    def start(self, submitted: Sequence[Submitted]) -> None:
+        """Dispatch the queued units of newly stored groups (after their commit)."""
+        for sub in submitted:
+            if sub.created:
+                metrics.GROUPS_INGESTED.inc()
+                self._dispatch_queued(sub.group_pk)
+                self._maybe_aggregate(sub.group_pk)
+
+    def resolve(self, group: GroupIn) -> GroupIn:
+        """Fill the failure policy from settings when the group leaves it unset."""
+        if "on_judge_failure" in group.params.model_fields_set:
+            return group
+        params = group.params.model_copy(update={"on_judge_failure": self.default_failure_policy})
+        return group.model_copy(update={"params": params})
+
+    def submit_batch(self, tenant: str, batch: BatchIn) -> tuple[str, list[Submitted], bool]:
+        """Store a batch's groups in one transaction, then start them; idempotent on batch_id."""
+        groups = [self.resolve(g) for g in batch.groups]
+        digest = canonical_hash([group_hash(g) for g in groups] + [g.group_id for g in groups])
+        batch_id = batch.batch_id or uuid.uuid4().hex
+        with self.db.session() as s:
+            existing = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
+            if existing is not None:
+                if existing.content_hash != digest:
+                    raise Conflict(f"batch_id {batch_id!r} already exists with different content")
+                rows = s.execute(
+                    select(m.Group.id, m.Group.group_id, m.Group.status).where(
+                        m.Group.tenant == tenant, m.Group.group_id.in_(existing.group_ids)
+                    )
+                ).all()
+                by_id = {gid: Submitted(pk, gid, st, False) for pk, gid, st in rows}
+                return batch_id, [by_id[g] for g in existing.group_ids], False
+            row = m.Batch(tenant=tenant, batch_id=batch_id, content_hash=digest, group_ids=[])
+            s.add(row)
+            s.flush()
+            submitted = [self._store_group(s, tenant, g, row.id, i) for i, g in enumerate(groups)]
+            row.group_ids = [x.group_id for x in submitted]
+        self.start(submitted)
+        return batch_id, submitted, True
+
+    def _store_group(
+        self, s: Session, tenant: str, group: GroupIn, batch_pk: int | None, position: int | None
+    ) -> Submitted:
+        group = self.resolve(group)
+        digest = group_hash(group)
+        if group.group_id is not None:
+            existing = s.scalar(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group.group_id))
+            if existing is not None:
+                if existing.content_hash != digest:
+                    raise Conflict(f"group_id {group.group_id!r} already exists with different content")
+                return Submitted(existing.id, existing.group_id, existing.status, False)
+        group_id = group.group_id or uuid.uuid4().hex
+        row = m.Group(
+            tenant=tenant,
+            group_id=group_id,
+            batch_pk=batch_pk,
+            batch_position=position,
+            content_hash=digest,
+            question=group.question,
+            rubrics=[r.model_dump(mode="json") for r in group.rubrics],
+            params=group.params.model_dump(mode="json"),
+            metadata_=group.metadata,
+            expected_rollouts=group.expected_rollouts or len(group.rollouts),
+            rollouts_received=0,
+            status="queued",
+            judge_backend=self.judge.backend,
+            judge_model=self.judge.model,
+            units_total=0,
+            units_done=0,
+            aggregation="pending",
+        )
+        s.add(row)
+        s.flush()
+        for position_, rollout in enumerate(group.rollouts):
+            self._store_rollout(s, row, group, rollout, position_)
+        s.flush()
+        return Submitted(row.id, group_id, row.status, True)
+
+    def add_rollout(self, tenant: str, group_id: str, rollout: Rollout) -> tuple[Submitted, bool]:
+        """Add one rollout to an open streaming group; idempotent on the rollout id."""
+        with self.db.session() as s:
+            row = s.scalar(
+                select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id).with_for_update()
+            )
+            if row is None:
+                raise NotFound(f"group {group_id!r} not found")
+            existing = s.scalar(select(m.Rollout).where(m.Rollout.group_pk == row.id, m.Rollout.rollout_id == rollout.id))
+            if existing is not None:
+                if existing.content_hash != rollout_hash(rollout):
+                    raise Conflict(f"rollout {rollout.id!r} already exists in group {group_id!r} with different content")
+                return Submitted(row.id, row.group_id, row.status, False), False
+            if row.rollouts_received >= row.expected_rollouts:
+                raise Conflict(f"group {group_id!r} already has all {row.expected_rollouts} rollouts")
+            if row.status == "failed":
+                raise Conflict(f"group {group_id!r} has failed: {row.error}")
+            rewarded = s.scalars(select(m.Rollout.outcome_reward).where(m.Rollout.group_pk == row.id)).all()
+            if rewarded:
+                has = [r is not None for r in rewarded]
+                if all(has) and rollout.outcome_reward is None:
+                    raise _reward_error("missing; the group's other rollouts have an outcome_reward")
+                if not any(has) and rollout.outcome_reward is not None:
+                    raise _reward_error("given, but the group's other rollouts have none; give it on every rollout or on none")
+            content = GroupContent.model_validate({"question": row.question, "rubrics": row.rubrics, "rollouts": []})
+            self._store_rollout(s, row, content, rollout, row.rollouts_received)
+            submitted = Submitted(row.id, row.group_id, row.status, True)
+        self._dispatch_queued(row.id)
+        self._maybe_aggregate(row.id)
+        return submitted, True
+
+    def _store_rollout(self, s: Session, group: m.Group, content: GroupContent, rollout: Rollout, position: int) -> None:
+        params = params_of(group)
+        rollout_row = m.Rollout(
+            group_pk=group.id,
+            position=position,
+            rollout_id=rollout.id,
+            content_hash=rollout_hash(rollout),
+            outcome_reward=rollout.outcome_reward,
+        )
+        s.add(rollout_row)
+        s.flush()
+        s.add_all(
+            m.Turn(rollout_pk=rollout_row.id, index=i, type=turn.type, body=turn.model_dump(mode="json"))
+            for i, turn in enumerate(rollout.turns)
+        )
+        plan = plan_rollout(content, rollout, params)
+        positive = content.positive_rubrics
+        for t in plan.deterministic_zero_visits:
+            for rubric in positive:
+                s.add(m.Judgment(group_pk=group.id, kind="visit", rollout_id=rollout.id, turn_index=t,
+                                 rubric_id=rubric.id, status="deterministic", level=0, prior_support=None))
+                metrics.DETERMINISTIC_ZEROS.inc()
+        units = 0
+        for chain in plan.chains:
+            s.add(m.WorkUnit(group_pk=group.id, kind="visit_chain", unit_key=f"{rollout.id}\x1f{chain.rubric_id}",
+                             rollout_id=rollout.id, rubric_id=chain.rubric_id, status="queued"))
+            units += 1
+        known = {t: 0.0 for t in plan.deterministic_zero_visits}
+        done = 0
+        for task in plan.snippet_tasks:
+            decision = snippet_decision(task, known, params)
+            status = {"call": "queued", "wait": "waiting", "skip": "done"}[decision]
+            s.add(m.WorkUnit(group_pk=group.id, kind="snippet", unit_key=f"{rollout.id}\x1f{task.turn_index}",
+                             rollout_id=rollout.id, turn_index=task.turn_index, status=status))
+            units += 1
+            if decision == "skip":
+                self._add_skipped(s, group.id, rollout.id, task.turn_index)
+                done += 1
+        group.units_total += units
+        group.units_done += done
+        group.rollouts_received += 1
+
+    # ================================================================== dispatch
+
+    def _dispatch_queued(self, group_pk: int) -> None:
+        with self.db.session() as s:
+            rows = s.execute(
+                select(m.WorkUnit.id, m.WorkUnit.kind).where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status == "queued")
+            ).all()
+        self.dispatcher.dispatch([UnitRef(kind, unit_id, group_pk) for unit_id, kind in rows])  # type: ignore[arg-type]
+
+    def _maybe_aggregate(self, group_pk: int) -> None:
+        with self.db.session() as s:
+            flipped = s.execute(
+                update(m.Group)
+                .where(
+                    m.Group.id == group_pk,
+                    m.Group.aggregation == "pending",
+                    m.Group.units_done == m.Group.units_total,
+                    m.Group.rollouts_received == m.Group.expected_rollouts,
+                    m.Group.status.in_(("queued", "running")),
+                )
+                .values(aggregation="enqueued")
+            ).rowcount
+        if flipped:
+            self.dispatcher.dispatch_aggregation(group_pk)
+
+    # ================================================================== units
+
+    def run_unit(self, ref: UnitRef) -> None:
+        """Run one unit to completion (or until its group fails); safe to call twice."""
+        try:
+            if ref.kind == "visit_chain":
+                metrics.CHAINS_IN_FLIGHT.inc()
+                try:
+                    finished = self._run_visit_chain(ref.unit_id)
+                finally:
+                    metrics.CHAINS_IN_FLIGHT.dec()
+            else:
+                finished = self._run_snippet(ref.unit_id)
+            metrics.UNITS.labels(ref.kind, "done" if finished else "stopped").inc()
+        except Exception as exc:
+            metrics.UNITS.labels(ref.kind, "error").inc()
+            log.exception("unit %s %s of group %s failed", ref.kind, ref.unit_id, ref.group_pk)
+            self._unit_error(ref, exc)
+            raise
+
+    def _unit_error(self, ref: UnitRef, exc: Exception) -> None:
+        with self.db.session() as s:
+            unit = s.get(m.WorkUnit, ref.unit_id)
+            if unit is None:
+                return
+            unit.last_error = f"{type(exc).__name__}: {exc}"
+            attempts = unit.attempts
+        if attempts >= MAX_UNIT_ATTEMPTS:
+            self.fail_group(ref.group_pk, f"work unit {ref.kind} {ref.unit_id} failed {attempts} times: {exc}")
+
+    def _claim(self, unit_id: int) -> tuple[m.WorkUnit, int, ScoringParams] | None:
+        """Mark a unit running and count the delivery; None when there is nothing to do."""
+        with self.db.session() as s:
+            unit = s.get(m.WorkUnit, unit_id)
+            if unit is None or unit.status == "done":
+                return None
+            group = s.get(m.Group, unit.group_pk)
+            if group is None or group.status not in ("queued", "running"):
+                return None
+            unit.status = "running"
+            unit.attempts += 1
+            if group.status == "queued":
+                s.execute(
+                    update(m.Group).where(m.Group.id == group.id, m.Group.status == "queued")
+                    .values(status="running", started_at=now())
+                )
+            s.expunge(unit)
+            return unit, group.rollouts_received, params_of(group)
+
+    def _run_visit_chain(self, unit_id: int) -> bool:
+        claimed = self._claim(unit_id)
+        if claimed is None:
+            return False
+        unit, _, params = claimed
+        group_pk = unit.group_pk
+        content = self.content(group_pk)
+        rollout = content.rollout(unit.rollout_id)
+        rubric = _rubric(content, unit.rubric_id or "")
+        chain = _chain(content, rollout, rubric.id, params)
+        visit_number = {t: n for n, t in enumerate(i for i, x in enumerate(rollout.turns) if isinstance(x, VisitTurn))}
+        done, history = self._chain_state(group_pk, rollout.id, rubric.id)
+        for t in chain.turn_indices:
+            if t in done:
+                continue
+            if not self._group_active(group_pk):
+                return False
+            turn = rollout.turns[t]
+            assert isinstance(turn, VisitTurn)
+            request = VisitJudgeRequest(
+                question=content.question,
+                rubric=rubric,
+                prior_support=tuple(history) if params.history else (),
+                turn=turn,
+                turn_index=t,
+                visit_index=visit_number[t],
+            )
+            key = self.judge.visit_prompt(request).cache_key(self.judge.model)
+            result, cached = self._judge_once(group_pk, key, "visit", lambda: self.judge.judge_visit(request))
+            stored = self._store_visit(group_pk, rollout.id, rubric.id, t, len(history), key, result, cached)
+            if not stored:
+                done, history = self._chain_state(group_pk, rollout.id, rubric.id)
+                continue
+            if result.status == "ok" and result.verdict is not None and result.verdict.level > 0:
+                history.extend(result.verdict.support_points)
+            if result.status == "failed" and params.on_judge_failure == "fail":
+                self.fail_group(group_pk, f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}")
+                return False
+            self._release_snippets(group_pk, rollout.id)
+        self._finish_unit(unit_id, group_pk)
+        return True
+
+    def _run_snippet(self, unit_id: int) -> bool:
+        claimed = self._claim(unit_id)
+        if claimed is None:
+            return False
+        unit, _, params = claimed
+        group_pk = unit.group_pk
+        with self.db.session() as s:
+            exists = s.scalar(
+                select(m.Judgment.id).where(
+                    m.Judgment.group_pk == group_pk, m.Judgment.kind == "snippet",
+                    m.Judgment.rollout_id == unit.rollout_id, m.Judgment.turn_index == unit.turn_index,
+                )
+            )
+        if exists is None:
+            content = self.content(group_pk)
+            rollout = content.rollout(unit.rollout_id)
+            task = _snippet_task(content, rollout, unit.turn_index or 0, params)
+            request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
+            key = self.judge.snippet_prompt(request).cache_key(self.judge.model)
+            result, cached = self._judge_once(group_pk, key, "snippet", lambda: self.judge.judge_snippets(request))
+            self._store_snippet(group_pk, rollout.id, task.turn_index, key, result, cached)
+            if result.status == "failed" and params.on_judge_failure == "fail":
+                self.fail_group(group_pk, f"snippet judgment failed (rollout {rollout.id}, turn {task.turn_index}): {result.failure_reason}")
+                return False
+        self._finish_unit(unit_id, group_pk)
+        return True
+
+    def _finish_unit(self, unit_id: int, group_pk: int) -> None:
+        with self.db.session() as s:
+            changed = s.execute(
+                update(m.WorkUnit).where(m.WorkUnit.id == unit_id, m.WorkUnit.status != "done").values(status="done")
+            ).rowcount
+            if changed:
+                s.execute(update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1))
+        self._maybe_aggregate(group_pk)
+
+    # ------------------------------------------------------------------ judging
+
+    def _judge_once(
+        self, group_pk: int, key: str, kind: str, call: Callable[[], JudgeResult[R]]
+    ) -> tuple[JudgeResult[R], bool]:
+        """Answer a request from an identical stored judgment of the group, or call once.
+
+        Identical requests in flight at the same time in this process share one call.
+        """
+        with self.db.session() as s:
+            row = s.scalars(
+                select(m.Judgment).where(
+                    m.Judgment.group_pk == group_pk, m.Judgment.request_key == key, m.Judgment.status == "ok",
+                    m.Judgment.cache_hit.is_(False),
+                ).limit(1)
+            ).first()
+            if row is not None:
+                metrics.JUDGE_CACHE_HITS.labels(kind).inc()
+                return _result_from_row(row), True
+        slot = (group_pk, key)
+        with self._inflight_lock:
+            future = self._inflight.get(slot)
+            owner = future is None
+            if owner:
+                future = Future()
+                self._inflight[slot] = future
+        assert future is not None
+        if not owner:
+            result = future.result()
+            metrics.JUDGE_CACHE_HITS.labels(kind).inc()
+            return result, True
+        try:
+            result = call()
+            _observe(result)
+            future.set_result(result)
+            return result, False
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        finally:
+            with self._inflight_lock:
+                self._inflight.pop(slot, None)
+
+    def _chain_state(self, group_pk: int, rollout_id: str, rubric_id: str) -> tuple[set[int], list[str]]:
+        with self.db.session() as s:
+            done = set(s.scalars(
+                select(m.Judgment.turn_index).where(
+                    m.Judgment.group_pk == group_pk, m.Judgment.kind == "visit",
+                    m.Judgment.rollout_id == rollout_id, m.Judgment.rubric_id == rubric_id,
+                )
+            ))
+            history = list(s.scalars(
+                select(m.SupportPoint.text).where(
+                    m.SupportPoint.group_pk == group_pk, m.SupportPoint.rollout_id == rollout_id,
+                    m.SupportPoint.rubric_id == rubric_id,
+                ).order_by(m.SupportPoint.position)
+            ))
+        return done, history
+
+    def _store_visit(
+        self, group_pk: int, rollout_id: str, rubric_id: str, turn_index: int, prior: int,
+        key: str, result: JudgeResult[VisitVerdict], cached: bool,
+    ) -> bool:
+        verdict = result.verdict
+        row = _judgment_row(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
+        row.prior_support = prior
+        if verdict is not None:
+            row.level, row.page_ids = verdict.level, list(verdict.page_ids)
+            row.support_points, row.rationale = list(verdict.support_points), verdict.rationale
+        try:
+            with self.db.session() as s:
+                s.add(row)
+                s.flush()
+                if verdict is not None and verdict.level > 0:
+                    start = s.scalar(
+                        select(func.count()).select_from(m.SupportPoint).where(
+                            m.SupportPoint.group_pk == group_pk, m.SupportPoint.rollout_id == rollout_id,
+                            m.SupportPoint.rubric_id == rubric_id,
+                        )
+                    ) or 0
+                    s.add_all(
+                        m.SupportPoint(group_pk=group_pk, rollout_id=rollout_id, rubric_id=rubric_id,
+                                       position=start + i, turn_index=turn_index, text=point)
+                        for i, point in enumerate(verdict.support_points)
+                    )
+        except IntegrityError:
+            log.info("visit judgment already stored by another worker", extra={"group_pk": group_pk})
+            return False
+        return True
+
+    def _store_snippet(
+        self, group_pk: int, rollout_id: str, turn_index: int, key: str,
+        result: JudgeResult[SnippetVerdict], cached: bool,
+    ) -> bool:
+        row = _judgment_row(group_pk, "snippet", rollout_id, turn_index, "", key, result, cached)
+        verdict = result.verdict
+        if verdict is not None:
+            row.matches = [vars(x) for x in verdict.accepted]
+            row.rejected_matches = [{"index": x.index, "match": x.raw, "reason": x.reason} for x in verdict.rejected]
+            row.match_count = len(verdict.accepted)
+        try:
+            with self.db.session() as s:
+                s.add(row)
+        except IntegrityError:
+            return False
+        return True
+
+    # ------------------------------------------------------------------ snippets waiting on visits
+
+    def _release_snippets(self, group_pk: int, rollout_id: str) -> None:
+        """Decide the waiting snippet calls of a rollout whose navigation credit is now known."""
+        to_dispatch: list[UnitRef] = []
+        skipped = False
+        content = self.content(group_pk)
+        with self.db.session() as s:
+            waiting = s.scalars(
+                select(m.WorkUnit).where(
+                    m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "snippet",
+                    m.WorkUnit.rollout_id == rollout_id, m.WorkUnit.status == "waiting",
+                )
+            ).all()
+            if not waiting:
+                return
+            group = s.get(m.Group, group_pk)
+            assert group is not None
+            params = params_of(group)
+            rollout = content.rollout(rollout_id)
+            known = self._known_visit_credits(s, group_pk, rollout_id, len(content.positive_rubrics), params)
+            tasks = {t.turn_index: t for t in plan_rollout(content, rollout, params).snippet_tasks}
+            for unit in waiting:
+                decision = snippet_decision(tasks[unit.turn_index or 0], known, params)
+                if decision == "wait":
+                    continue
+                target = "queued" if decision == "call" else "done"
+                changed = s.execute(
+                    update(m.WorkUnit).where(m.WorkUnit.id == unit.id, m.WorkUnit.status == "waiting").values(status=target)
+                ).rowcount
+                if not changed:
+                    continue
+                if decision == "call":
+                    to_dispatch.append(UnitRef("snippet", unit.id, group_pk))
+                else:
+                    self._add_skipped(s, group_pk, rollout_id, unit.turn_index or 0)
+                    s.execute(update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1))
+                    skipped = True
+        if to_dispatch:
+            self.dispatcher.dispatch(to_dispatch)
+        if skipped:
+            self._maybe_aggregate(group_pk)
+
+    @staticmethod
+    def _known_visit_credits(s: Session, group_pk: int, rollout_id: str, n_rubrics: int, params: ScoringParams) -> dict[int, float]:
+        levels: dict[int, list[int]] = {}
+        for turn_index, level in s.execute(
+            select(m.Judgment.turn_index, m.Judgment.level).where(
+                m.Judgment.group_pk == group_pk, m.Judgment.kind == "visit", m.Judgment.rollout_id == rollout_id
+            )
+        ):
+            levels.setdefault(turn_index, []).append(level or 0)
+        return {t: visit_credit(v, params)[0] for t, v in levels.items() if len(v) == n_rubrics}
+
+    @staticmethod
+    def _add_skipped(s: Session, group_pk: int, rollout_id: str, turn_index: int) -> None:
+        s.add(m.Judgment(group_pk=group_pk, kind="snippet", rollout_id=rollout_id, turn_index=turn_index,
+                         rubric_id="", status="skipped", match_count=None))
+        metrics.SNIPPET_SKIPS.inc()
+
+    # ================================================================== aggregation
+
+    def run_aggregation(self, group_pk: int) -> None:
+        """Compute and store credits and advantages once every judgment is in."""
+        with self.db.session() as s:
+            group = s.get(m.Group, group_pk)
+            if group is None or group.status not in ("queued", "running") or group.aggregation == "done":
+                return
+            params = params_of(group)
+            content = content_of(group)
+            judgments = judgments_of(s, group_pk)
+            credits = group_credits(content, judgments, params)
+            advantages = group_advantages(content, credits, params)
+            rollouts = {r.rollout_id: r for r in group.rollouts}
+            for rc, ra in zip(credits, advantages.rollouts, strict=True):
+                rollout_row = rollouts[rc.rollout_id]
+                rollout_row.outcome_advantage = ra.outcome_advantage
+                for turn_row, tc, ta in zip(rollout_row.turns, rc.turns, ra.turns, strict=True):
+                    turn_row.credit = tc.credit
+                    turn_row.visit_credit = tc.visit_credit
+                    turn_row.visit_credit_uncapped = tc.visit_credit_uncapped
+                    turn_row.navigation_credit = tc.navigation_credit
+                    turn_row.snippet_credit = tc.snippet_credit
+                    turn_row.snippet_matches = tc.snippet_matches
+                    turn_row.normalized_credit = ta.normalized_credit
+                    turn_row.process_advantage = ta.process_advantage
+                    turn_row.advantage = ta.advantage
+            st = advantages.stats
+            group.stats = {"mu_rg": st.mu_rg, "sigma_rg": st.sigma_rg, "mu_o": st.mu_o, "sigma_o": st.sigma_o,
+                           "research_turns": st.research_turns}
+            group.status, group.aggregation, group.finished_at = "done", "done", now()
+            if group.started_at is None:
+                group.started_at = group.finished_at
+            created = group.created_at
+        metrics.GROUPS_FINISHED.labels("done").inc()
+        metrics.GROUP_LATENCY.observe((now() - _aware(created)).total_seconds())
+        log.info("group done", extra={"group_pk": group_pk})
+
+    def fail_group(self, group_pk: int, reason: str) -> None:
+        with self.db.session() as s:
+            changed = s.execute(
+                update(m.Group).where(m.Group.id == group_pk, m.Group.status.in_(("queued", "running")))
+                .values(status="failed", error=reason, finished_at=now())
+            ).rowcount
+        if changed:
+            metrics.GROUPS_FINISHED.labels("failed").inc()
+            log.warning("group failed: %s", reason, extra={"group_pk": group_pk})
+
+    # ================================================================== helpers
+
+    def _group_active(self, group_pk: int) -> bool:
+        with self.db.session() as s:
+            return s.scalar(select(m.Group.status).where(m.Group.id == group_pk)) in ("queued", "running")
+
+    def content(self, group_pk: int) -> GroupContent:
+        """The group's validated content, cached per (group, rollouts received)."""
+        with self.db.session() as s:
+            group = s.get(m.Group, group_pk)
+            if group is None:
+                raise NotFound(f"group {group_pk} not found")
+            cache_key = (group_pk, group.rollouts_received)
+            with self._cache_lock:
+                cached = self._content_cache.get(cache_key)
+                if cached is not None:
+                    self._content_cache.move_to_end(cache_key)
+                    return cached
+            content = content_of(group)
+        with self._cache_lock:
+            self._content_cache[cache_key] = content
+            while len(self._content_cache) > 256:
+                self._content_cache.popitem(last=False)
+        return content
+
+
+def judgments_of(s: Session, group_pk: int) -> Judgments:
+    """The stored ordinal judgments of a group, as the credit math reads them."""
+    visit: dict[tuple[str, int, str], int] = {}
+    snippet: dict[tuple[str, int], int] = {}
+    for kind, rollout_id, turn_index, rubric_id, status, level, count in s.execute(
+        select(m.Judgment.kind, m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.rubric_id,
+               m.Judgment.status, m.Judgment.level, m.Judgment.match_count).where(m.Judgment.group_pk == group_pk)
+    ):
+        if kind == "visit":
+            visit[(rollout_id, turn_index, rubric_id)] = (level or 0) if status in ("ok", "deterministic") else 0
+        elif status in ("ok", "failed"):
+            snippet[(rollout_id, turn_index)] = (count or 0) if status == "ok" else 0
+    return Judgments(visit, snippet)
+
+
+def _rubric(content: GroupContent, rubric_id: str) -> Rubric:
+    for rubric in content.rubrics:
+        if rubric.id == rubric_id:
+            return rubric
+    raise KeyError(rubric_id)
+
+
+def _chain(content: GroupContent, rollout: Rollout, rubric_id: str, params: ScoringParams) -> VisitChain:
+    for chain in plan_rollout(content, rollout, params).chains:
+        if chain.rubric_id == rubric_id:
+            return chain
+    raise KeyError(rubric_id)
+
+
+def _snippet_task(content: GroupContent, rollout: Rollout, turn_index: int, params: ScoringParams) -> SnippetTask:
+    for task in plan_rollout(content, rollout, params).snippet_tasks:
+        if task.turn_index == turn_index:
+            return task
+    raise KeyError(turn_index)
+
+
+def _judgment_row(
+    group_pk: int, kind: str, rollout_id: str, turn_index: int, rubric_id: str, key: str,
+    result: JudgeResult[Any], cached: bool,
+) -> m.Judgment:
+    row = m.Judgment(
+        group_pk=group_pk, kind=kind, rollout_id=rollout_id, turn_index=turn_index, rubric_id=rubric_id,
+        status=result.status, answer=result.answer, request_key=key, cache_hit=cached,
+        backend=result.backend, model=result.model, failure_reason=result.failure_reason,
+        latency_s=0.0 if cached else result.latency_s,
+        prompt_tokens=0 if cached else result.prompt_tokens,
+        completion_tokens=0 if cached else result.completion_tokens,
+        attempt_count=0 if cached else len(result.attempts),
+    )
+    if not cached:
+        row.attempts = [
+            m.JudgmentAttempt(number=a.number, outcome=a.outcome, error=a.error, latency_s=a.latency_s,
+                              prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens)
+            for a in result.attempts
+        ]
+    return row
+
+
+def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:
+    verdict: Any
+    if row.kind == "visit":
+        verdict = VisitVerdict(row.level or 0, tuple(row.page_ids or ()), tuple(row.support_points or ()), row.rationale or "")
+    else:
+        verdict = SnippetVerdict(
+            tuple(SnippetMatch(**x) for x in row.matches or ()),
+            tuple(RejectedMatch(x["index"], x["match"], x["reason"]) for x in row.rejected_matches or ()),
+        )
+    return JudgeResult(row.kind, "ok", row.model or "", row.backend or "", verdict, row.answer)  # type: ignore[arg-type]
+
+
+def _observe(result: JudgeResult[Any]) -> None:
+    metrics.JUDGE_CALLS.labels(result.backend, result.kind, result.status).inc()
+    metrics.JUDGE_LATENCY.labels(result.backend, result.kind).observe(result.latency_s)
+    metrics.JUDGE_TOKENS.labels(result.backend, result.kind, "prompt").inc(result.prompt_tokens)
+    metrics.JUDGE_TOKENS.labels(result.backend, result.kind, "completion").inc(result.completion_tokens)
+    for attempt in result.attempts:
+        metrics.JUDGE_ATTEMPTS.labels(result.backend, result.kind, attempt.outcome).inc()
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _reward_error(message: str) -> Exception:
+    from drcredit.domain.errors import FieldError, InvalidInput
+
+    return InvalidInput([FieldError("outcome_reward", message)])
+

@@ -1,0 +1,87 @@
+"""Sensitivity replay: advantages under other parameters from the stored judgments.
+
+No judge is called. A snippet judgment that the new parameters need but the original
+run skipped (saturation, or snippets switched off) is unknown: its search turn is
+reported as bounded, with credits at the low end, and the sensitivity metrics are the
+worse of the two extremes (no match / a match for every positive rubric).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from drcredit.domain.advantages import GroupAdvantages, group_advantages
+from drcredit.domain.credit import Judgments, RolloutCredits, group_credits
+from drcredit.domain.errors import FieldError, InvalidInput
+from drcredit.domain.group import GroupContent
+from drcredit.domain.params import JUDGMENT_PARAMETERS, ScoringParams
+from drcredit.domain.sensitivity import compare, worst_case
+from drcredit.scoring.content import content_of, params_of
+from drcredit.scoring.documents import require_done
+from drcredit.scoring.pipeline import judgments_of
+from drcredit.storage import models as m
+
+
+def replay(s: Session, group: m.Group, overrides: dict[str, Any]) -> dict[str, Any]:
+    require_done(group)
+    reference_params = params_of(group)
+    merged = {**reference_params.model_dump(mode="json"), **overrides}
+    params = ScoringParams.model_validate(merged)
+    for name in JUDGMENT_PARAMETERS:
+        if getattr(params, name) != getattr(reference_params, name):
+            raise InvalidInput([FieldError(f"params.{name}", "changes what the judge is asked; re-post the group instead of replaying")])
+    content = content_of(group)
+    judgments = judgments_of(s, group.id)
+    reference = group_advantages(content, group_credits(content, judgments, reference_params), reference_params)
+    low_credits = group_credits(content, judgments, params, allow_missing_snippets=True)
+    low = group_advantages(content, low_credits, params)
+    bounded = [(rc.rollout_id, t.index) for rc in low_credits for t in rc.turns if t.bounded]
+    if bounded:
+        high = _high_scenario(content, judgments, params, bounded)
+        sensitivity = worst_case([compare([reference], [low]), compare([reference], [high])])
+    else:
+        sensitivity = compare([reference], [low])
+    return {
+        "group_id": group.group_id,
+        "status": "done",
+        "params": params.model_dump(mode="json"),
+        "reference_params": reference_params.model_dump(mode="json"),
+        "exact": not bounded,
+        "bounded_turns": [{"rollout_id": r, "index": i} for r, i in bounded],
+        "stats": _stats(low),
+        "rollouts": _rollouts(low, low_credits),
+        "sensitivity": asdict(sensitivity),
+    }
+
+
+def _high_scenario(
+    content: GroupContent, judgments: Judgments, params: ScoringParams, bounded: list[tuple[str, int]]
+) -> GroupAdvantages:
+    filled = dict(judgments.snippet_matches)
+    for key in bounded:
+        filled[key] = len(content.positive_rubrics)
+    credits = group_credits(content, Judgments(judgments.visit_levels, filled), params)
+    return group_advantages(content, credits, params)
+
+
+def _stats(adv: GroupAdvantages) -> dict[str, Any]:
+    st = adv.stats
+    return {"mu_rg": st.mu_rg, "sigma_rg": st.sigma_rg, "mu_o": st.mu_o, "sigma_o": st.sigma_o}
+
+
+def _rollouts(adv: GroupAdvantages, credits: list[RolloutCredits]) -> list[dict[str, Any]]:
+    out = []
+    for ra, rc in zip(adv.rollouts, credits, strict=True):
+        turns = []
+        for ta, tc in zip(ra.turns, rc.turns, strict=True):
+            turn: dict[str, Any] = {"index": ta.index, "type": ta.type, "credit": ta.credit,
+                                    "process_advantage": ta.process_advantage, "advantage": ta.advantage}
+            if tc.bounded:
+                turn["credit_upper_bound"] = tc.credit_upper_bound
+            turns.append(turn)
+        out.append({"id": ra.rollout_id, "outcome_reward": ra.outcome_reward,
+                    "outcome_advantage": ra.outcome_advantage, "turns": turns})
+    return out

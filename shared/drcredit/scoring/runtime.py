@@ -1,0 +1,47 @@
+"""Wiring: settings -> database, judge, dispatcher and pipeline, for any entry point."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from drcredit.judges import build_judge
+from drcredit.judges.base import Judge
+from drcredit.scoring.dispatch import Dispatcher, InProcessDispatcher
+from drcredit.scoring.pipeline import Pipeline
+from drcredit.settings import Settings
+from drcredit.storage.database import Database
+from drcredit.storage.migrate import upgrade
+
+log = logging.getLogger("drcredit.runtime")
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    db: Database
+    judge: Judge
+    dispatcher: Dispatcher
+    pipeline: Pipeline
+
+    @classmethod
+    def build(cls, settings: Settings, *, dispatcher: Dispatcher | None = None, judge: Judge | None = None) -> Runtime:
+        url = settings.resolved_database_url
+        migrate = settings.auto_migrate if settings.auto_migrate is not None else url.startswith("sqlite")
+        if migrate:
+            upgrade(url)
+        # Every unit thread may hold one connection; size the pool so none waits for one.
+        db = Database(url, max(settings.database_pool_size, settings.judge_concurrency + 4))
+        judge = judge or build_judge(settings)
+        if dispatcher is None:
+            dispatcher = InProcessDispatcher(settings.judge_concurrency)
+        pipeline = Pipeline(db, judge, dispatcher, default_failure_policy=settings.on_judge_failure)
+        if isinstance(dispatcher, InProcessDispatcher):
+            dispatcher.bind(pipeline.run_unit, pipeline.run_aggregation)
+        return cls(settings, db, judge, dispatcher, pipeline)
+
+    def close(self) -> None:
+        if isinstance(self.dispatcher, InProcessDispatcher):
+            self.dispatcher.shutdown()
+        self.judge.close()
+        self.db.dispose()

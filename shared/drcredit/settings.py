@@ -1,0 +1,89 @@
+"""Configuration from the environment (``DRCREDIT_*``), with embedded defaults.
+
+With nothing set the platform runs on one machine: an SQLite file under the data
+directory, in-process execution and the offline judge.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DRCREDIT_", extra="ignore")
+
+    # Judge -----------------------------------------------------------------
+    judge: Literal["offline", "openai"] = "offline"
+    judge_base_url: str | None = None
+    judge_model: str = "offline-lexical-v1"
+    judge_api_key: str | None = None
+    judge_timeout_s: float = Field(120.0, gt=0)
+    judge_max_tokens: int = Field(1024, gt=0)
+    judge_temperature: float = 0.0
+    judge_response_format: Literal["auto", "json_schema", "json_object", "none"] = "auto"
+    judge_extra_body: dict[str, Any] = Field(default_factory=dict)
+    judge_max_attempts: int = Field(4, ge=1, le=20)
+    judge_backoff_initial_s: float = Field(0.5, ge=0)
+    judge_backoff_max_s: float = Field(20.0, ge=0)
+    #: Judge calls in flight at once in one process.
+    judge_concurrency: int = Field(64, ge=1, le=4096)
+
+    # Storage and execution -------------------------------------------------
+    data_dir: Path = Path(".drcredit")
+    database_url: str | None = None
+    database_pool_size: int = Field(10, ge=1)
+    broker_url: str | None = None
+    #: Apply migrations at start-up; unset means only for the embedded SQLite database
+    #: (deployments run ``drcredit db upgrade`` once, from a migration job).
+    auto_migrate: bool | None = None
+
+    # API -------------------------------------------------------------------
+    api_keys: str = ""
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    max_wait_s: float = Field(300.0, ge=0)
+    on_judge_failure: Literal["zero", "fail"] = "zero"
+
+    # Operations ------------------------------------------------------------
+    log_level: str = "INFO"
+    log_format: Literal["console", "json"] = "console"
+    metrics_port: int | None = None
+
+    @field_validator("judge_model")
+    @classmethod
+    def _model_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("judge_model must not be blank")
+        return value
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'drcredit.sqlite3').resolve()}"
+
+    @property
+    def distributed(self) -> bool:
+        return bool(self.broker_url)
+
+    def tenant_keys(self) -> dict[str, str]:
+        """API key -> tenant, from ``tenant:key`` pairs."""
+        keys: dict[str, str] = {}
+        for pair in self.api_keys.split(","):
+            pair = pair.strip()
+            if not pair:
+                continue
+            tenant, sep, key = pair.partition(":")
+            if not sep or not tenant.strip() or not key.strip():
+                raise ValueError(f"DRCREDIT_API_KEYS: expected tenant:key, got {pair!r}")
+            keys[key.strip()] = tenant.strip()
+        return keys
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy 2 models, engine/session setup and Alembic migrations."""

@@ -1,0 +1,257 @@
+"""Database tables. SQLite (embedded) and Postgres (deployment) share one schema.
+
+Judgments are unique per (group, kind, rollout, turn, rubric) so that a redelivered task
+can never store a second answer for the same question; every attempt of a judgment is
+kept beside it. Credits and advantages live on the turn rows they describe.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    __table_args__ = (UniqueConstraint("tenant", "batch_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    batch_id: Mapped[str] = mapped_column(String(128))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    #: The batch's groups in posted order (a group re-posted from an earlier batch keeps
+    #: its first batch as ``Group.batch_pk`` but is listed here too).
+    group_ids: Mapped[list[Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    groups: Mapped[list[Group]] = relationship(back_populates="batch", order_by="Group.batch_position")
+
+
+class Group(Base):
+    __tablename__ = "groups"
+    __table_args__ = (
+        UniqueConstraint("tenant", "group_id"),
+        Index("ix_groups_status", "status"),
+        Index("ix_groups_batch", "batch_pk"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    group_id: Mapped[str] = mapped_column(String(128))
+    batch_pk: Mapped[int | None] = mapped_column(ForeignKey("batches.id", ondelete="SET NULL"))
+    batch_position: Mapped[int | None] = mapped_column(Integer)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    question: Mapped[str] = mapped_column(Text)
+    rubrics: Mapped[list[Any]] = mapped_column(JSON)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metadata_: Mapped[Any] = mapped_column("metadata", JSON, nullable=True)
+    expected_rollouts: Mapped[int] = mapped_column(Integer)
+    rollouts_received: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    error: Mapped[str | None] = mapped_column(Text)
+    judge_backend: Mapped[str] = mapped_column(String(32))
+    judge_model: Mapped[str] = mapped_column(String(256))
+    units_total: Mapped[int] = mapped_column(Integer, default=0)
+    units_done: Mapped[int] = mapped_column(Integer, default=0)
+    #: pending -> enqueued -> done; the conditional flip to enqueued makes the last
+    #: finishing unit the only one that schedules aggregation.
+    aggregation: Mapped[str] = mapped_column(String(16), default="pending")
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    batch: Mapped[Batch | None] = relationship(back_populates="groups")
+    rollouts: Mapped[list[Rollout]] = relationship(
+        back_populates="group", order_by="Rollout.position", cascade="all, delete-orphan"
+    )
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+    __table_args__ = (UniqueConstraint("group_pk", "rollout_id"), UniqueConstraint("group_pk", "position"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    rollout_id: Mapped[str] = mapped_column(String(256))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    outcome_reward: Mapped[float | None] = mapped_column(Float)
+    outcome_advantage: Mapped[float | None] = mapped_column(Float)
+    arrived_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    group: Mapped[Group] = relationship(back_populates="rollouts")
+    turns: Mapped[list[Turn]] = relationship(
+        back_populates="rollout", order_by="Turn.index", cascade="all, delete-orphan"
+    )
+
+
+class Turn(Base):
+    """One input turn, its body as posted, and (once aggregated) its credit and advantage."""
+
+    __tablename__ = "turns"
+    __table_args__ = (UniqueConstraint("rollout_pk", "index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rollout_pk: Mapped[int] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    type: Mapped[str] = mapped_column(String(16))
+    body: Mapped[dict[str, Any]] = mapped_column(JSON)
+    credit: Mapped[float | None] = mapped_column(Float)
+    visit_credit: Mapped[float | None] = mapped_column(Float)
+    visit_credit_uncapped: Mapped[float | None] = mapped_column(Float)
+    navigation_credit: Mapped[float | None] = mapped_column(Float)
+    snippet_credit: Mapped[float | None] = mapped_column(Float)
+    snippet_matches: Mapped[int | None] = mapped_column(Integer)
+    normalized_credit: Mapped[float | None] = mapped_column(Float)
+    process_advantage: Mapped[float | None] = mapped_column(Float)
+    advantage: Mapped[float | None] = mapped_column(Float)
+
+    rollout: Mapped[Rollout] = relationship(back_populates="turns")
+
+
+class Judgment(Base):
+    """One ordinal judgment: a (visit, rubric) level or a search turn's snippet matches."""
+
+    __tablename__ = "judgments"
+    __table_args__ = (
+        UniqueConstraint("group_pk", "kind", "rollout_id", "turn_index", "rubric_id"),
+        Index("ix_judgments_request_key", "group_pk", "request_key"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # visit | snippet
+    rollout_id: Mapped[str] = mapped_column(String(256))
+    turn_index: Mapped[int] = mapped_column(Integer)
+    rubric_id: Mapped[str] = mapped_column(String(256), default="")  # "" for snippet judgments
+    #: ok | failed | deterministic (no usable page, no call) | skipped (saturated search)
+    status: Mapped[str] = mapped_column(String(16))
+    level: Mapped[int | None] = mapped_column(Integer)
+    page_ids: Mapped[list[Any] | None] = mapped_column(JSON)
+    support_points: Mapped[list[Any] | None] = mapped_column(JSON)
+    matches: Mapped[list[Any] | None] = mapped_column(JSON)
+    rejected_matches: Mapped[list[Any] | None] = mapped_column(JSON)
+    match_count: Mapped[int | None] = mapped_column(Integer)
+    rationale: Mapped[str | None] = mapped_column(Text)
+    answer: Mapped[Any] = mapped_column(JSON, nullable=True)
+    prior_support: Mapped[int | None] = mapped_column(Integer)
+    request_key: Mapped[str | None] = mapped_column(String(64))
+    cache_hit: Mapped[bool] = mapped_column(Boolean, default=False)
+    backend: Mapped[str | None] = mapped_column(String(32))
+    model: Mapped[str | None] = mapped_column(String(256))
+    latency_s: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    failure_reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    attempts: Mapped[list[JudgmentAttempt]] = relationship(
+        back_populates="judgment", order_by="JudgmentAttempt.number", cascade="all, delete-orphan"
+    )
+
+
+class JudgmentAttempt(Base):
+    __tablename__ = "judgment_attempts"
+    __table_args__ = (UniqueConstraint("judgment_pk", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    judgment_pk: Mapped[int] = mapped_column(ForeignKey("judgments.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    latency_s: Mapped[float] = mapped_column(Float)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+
+    judgment: Mapped[Judgment] = relationship(back_populates="attempts")
+
+
+class SupportPoint(Base):
+    """One entry of a rubric's support history in one rollout (SPEC section 3)."""
+
+    __tablename__ = "support_points"
+    __table_args__ = (UniqueConstraint("group_pk", "rollout_id", "rubric_id", "position"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    rollout_id: Mapped[str] = mapped_column(String(256))
+    rubric_id: Mapped[str] = mapped_column(String(256))
+    position: Mapped[int] = mapped_column(Integer)
+    turn_index: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+
+
+class WorkUnit(Base):
+    """A schedulable piece of a group's judging: a visit chain, a snippet call, aggregation.
+
+    Status: waiting (a snippet call whose navigation credit is not known yet), queued,
+    running, done. ``attempts`` counts deliveries so a poisoned unit stops being retried.
+    """
+
+    __tablename__ = "work_units"
+    __table_args__ = (
+        UniqueConstraint("group_pk", "kind", "unit_key"),
+        Index("ix_work_units_group_status", "group_pk", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # visit_chain | snippet
+    unit_key: Mapped[str] = mapped_column(String(600))
+    rollout_id: Mapped[str] = mapped_column(String(256))
+    rubric_id: Mapped[str | None] = mapped_column(String(256))
+    turn_index: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Replay(Base):
+    """A sensitivity replay under other parameters, kept for later comparison."""
+
+    __tablename__ = "replays"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
