@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from drcredit.domain.errors import FieldError
@@ -153,6 +153,18 @@ class GroupIn(GroupContent):
     metadata: Any = None
     expected_rollouts: int | None = Field(default=None, ge=2, le=4096)
 
+    @field_validator("rubrics")
+    @classmethod
+    def _check_rubrics(cls, rubrics: list[Rubric]) -> list[Rubric]:
+        _raise(list(rubric_problems(rubrics)), relative=True)
+        return rubrics
+
+    @field_validator("rollouts")
+    @classmethod
+    def _check_rollouts(cls, rollouts: list[Rollout]) -> list[Rollout]:
+        _raise(list(rollout_set_problems(rollouts)), relative=True)
+        return rollouts
+
     @model_validator(mode="after")
     def _check(self) -> GroupIn:
         _raise(list(group_problems(self)))
@@ -163,13 +175,23 @@ class GroupIn(GroupContent):
         return self.expected_rollouts is not None
 
 
-def _raise(problems: list[FieldError]) -> None:
+def _raise(problems: list[FieldError], *, relative: bool = False) -> None:
+    """Raise the problems as one pydantic error whose context lists every path.
+
+    ``relative`` problems come from a field validator, whose location pydantic already
+    knows, so their paths drop the field name (``rollouts[1].id`` becomes ``[1].id``).
+    """
     if problems:
         raise PydanticCustomError(
             "invalid_group",
             "; ".join(str(p) for p in problems),
-            {"semantic": [(p.field, p.message) for p in problems]},
+            {"semantic": [(_relative(p.field) if relative else p.field, p.message) for p in problems]},
         )
+
+
+def _relative(field: str) -> str:
+    cuts = [i for i in (field.find("["), field.find(".")) if i >= 0]
+    return field[min(cuts):].lstrip(".") if cuts else ""
 
 
 def rollout_problems(rollout: Rollout) -> Iterator[FieldError]:
@@ -198,23 +220,26 @@ def rollout_problems(rollout: Rollout) -> Iterator[FieldError]:
                     pages[page.id] = here
 
 
-def group_problems(group: GroupIn) -> Iterator[FieldError]:
-    """Cross-field checks over the whole group; paths are relative to the group."""
+def rubric_problems(rubrics: list[Rubric]) -> Iterator[FieldError]:
+    """Unique rubric ids and at least one positive weight."""
     seen: dict[str, int] = {}
-    for k, rubric in enumerate(group.rubrics):
+    for k, rubric in enumerate(rubrics):
         if rubric.id in seen:
             yield FieldError(f"rubrics[{k}].id", f"duplicate rubric id {rubric.id} (first at rubrics[{seen[rubric.id]}])")
         else:
             seen[rubric.id] = k
-    if not group.positive_rubrics:
+    if rubrics and not any(r.positive for r in rubrics):
         yield FieldError("rubrics", "no rubric has a positive weight; process credit needs at least one")
+
+
+def group_problems(group: GroupIn) -> Iterator[FieldError]:
+    """Cross-field checks over the whole group; paths are relative to the group."""
     n = len(group.rollouts)
     if group.expected_rollouts is None:
         if n < 2:
             yield FieldError("rollouts", f"a group needs at least 2 rollouts, got {n} (or set expected_rollouts to stream them)")
     elif n > group.expected_rollouts:
         yield FieldError("rollouts", f"{n} rollouts exceed expected_rollouts={group.expected_rollouts}")
-    yield from rollout_set_problems(group.rollouts)
 
 
 def rollout_set_problems(rollouts: list[Rollout], offset: int = 0) -> Iterator[FieldError]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from drcredit.domain.group import Rubric, SearchResult, VisitTurn
 from drcredit.domain.verdicts import (
@@ -208,7 +208,10 @@ class Judge(ABC):
 
         retrying = Retrying(
             stop=stop_after_attempt(max(1, self.retry.max_attempts)),
-            wait=wait_exponential_jitter(initial=self.retry.backoff_initial_s, max=self.retry.backoff_max_s),
+            # Exponential backoff with up to one initial interval of jitter, so retries
+            # from many chains do not hit a recovering server in lockstep.
+            wait=wait_exponential(multiplier=self.retry.backoff_initial_s, max=self.retry.backoff_max_s)
+            + wait_random(0, self.retry.backoff_initial_s),
             retry=retry_if_exception(lambda e: isinstance(e, RetryableError)),
             reraise=False,
         )

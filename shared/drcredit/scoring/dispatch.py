@@ -37,6 +37,7 @@ class InProcessDispatcher:
     def __init__(self, max_workers: int):
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="drcredit-unit")
         self._pending = 0
+        self._closed = False
         self._idle = threading.Condition()
         self.run_unit: Callable[[UnitRef], None] | None = None
         self.run_aggregation: Callable[[int], None] | None = None
@@ -61,12 +62,17 @@ class InProcessDispatcher:
 
     def _submit(self, fn: Callable[..., None], arg: object) -> None:
         with self._idle:
+            if self._closed:
+                # Shutting down: the unit stays queued in the database and is resumed
+                # by the next start (Pipeline.resume).
+                log.debug("dispatcher closed; %s left for the next start", arg)
+                return
             self._pending += 1
         future: Future[None] = self._pool.submit(fn, arg)
         future.add_done_callback(self._done)
 
     def _done(self, future: Future[None]) -> None:
-        exc = future.exception()
+        exc = None if future.cancelled() else future.exception()
         if exc is not None:
             log.error("work unit crashed", exc_info=exc)
         with self._idle:
@@ -78,4 +84,7 @@ class InProcessDispatcher:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        """Stop taking work, drop what has not started, wait for what is running."""
+        with self._idle:
+            self._closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)

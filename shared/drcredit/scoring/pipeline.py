@@ -81,6 +81,41 @@ class Pipeline:
         self._cache_lock = threading.Lock()
         self._inflight: dict[tuple[int, str], Future[Any]] = {}
         self._inflight_lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Ask running chains to return after their current judge call (resumable)."""
+        self._stopping.set()
+
+    def resume(self) -> int:
+        """Re-dispatch the unfinished work of every open group (after a restart).
+
+        Units left ``running`` by a stopped process are queued again: they continue from
+        their last stored judgment, so nothing is judged twice. Returns the units queued.
+        """
+        with self.db.session() as s:
+            groups = list(s.scalars(select(m.Group.id).where(m.Group.status.in_(("queued", "running")))))
+            s.execute(
+                update(m.WorkUnit)
+                .where(m.WorkUnit.group_pk.in_(groups), m.WorkUnit.status == "running")
+                .values(status="queued")
+            )
+            waiting = s.execute(
+                select(m.WorkUnit.group_pk, m.WorkUnit.rollout_id).where(
+                    m.WorkUnit.group_pk.in_(groups), m.WorkUnit.status == "waiting"
+                ).distinct()
+            ).all()
+            s.execute(
+                update(m.Group).where(m.Group.id.in_(groups), m.Group.aggregation == "enqueued").values(aggregation="pending")
+            )
+        queued = 0
+        for group_pk in groups:
+            queued += self._dispatch_queued(group_pk)
+        for group_pk, rollout_id in waiting:
+            self._release_snippets(group_pk, rollout_id)
+        for group_pk in groups:
+            self._maybe_aggregate(group_pk)
+        return queued
 
     # ================================================================== ingest
 
@@ -263,12 +298,13 @@ class Pipeline:
 
     # ================================================================== dispatch
 
-    def _dispatch_queued(self, group_pk: int) -> None:
+    def _dispatch_queued(self, group_pk: int) -> int:
         with self.db.session() as s:
             rows = s.execute(
                 select(m.WorkUnit.id, m.WorkUnit.kind).where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status == "queued")
             ).all()
         self.dispatcher.dispatch([UnitRef(kind, unit_id, group_pk) for unit_id, kind in rows])  # type: ignore[arg-type]
+        return len(rows)
 
     def _maybe_aggregate(self, group_pk: int) -> None:
         with self.db.session() as s:
@@ -350,7 +386,7 @@ class Pipeline:
         for t in chain.turn_indices:
             if t in done:
                 continue
-            if not self._group_active(group_pk):
+            if self._stopping.is_set() or not self._group_active(group_pk):
                 return False
             turn = rollout.turns[t]
             assert isinstance(turn, VisitTurn)

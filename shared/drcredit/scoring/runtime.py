@@ -38,9 +38,13 @@ class Runtime:
         pipeline = Pipeline(db, judge, dispatcher, default_failure_policy=settings.on_judge_failure)
         if isinstance(dispatcher, InProcessDispatcher):
             dispatcher.bind(pipeline.run_unit, pipeline.run_aggregation)
+            resumed = pipeline.resume()
+            if resumed:
+                log.info("resumed %d unfinished work units", resumed)
         return cls(settings, db, judge, dispatcher, pipeline)
 
     def close(self) -> None:
+        self.pipeline.stop()
         if isinstance(self.dispatcher, InProcessDispatcher):
             self.dispatcher.shutdown()
         self.judge.close()

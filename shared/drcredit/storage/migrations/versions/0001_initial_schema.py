@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 01:29:58.137355
+Create Date: 2026-11-22 01:44:05.306552
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def upgrade() -> None:
     sa.Column('tenant', sa.String(length=128), nullable=False),
     sa.Column('batch_id', sa.String(length=128), nullable=False),
     sa.Column('content_hash', sa.String(length=64), nullable=False),
+    sa.Column('group_ids', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_batches')),
     sa.UniqueConstraint('tenant', 'batch_id', name=op.f('uq_batches_tenant_batch_id'))

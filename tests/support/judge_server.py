@@ -1,0 +1,169 @@
+"""An OpenAI-compatible chat-completions server for tests, run on 127.0.0.1 in a thread.
+
+Each request is answered by a script: a function of the parsed call (its kind, the JSON
+document the judge was given, the request number) returning a :class:`Reply`. The
+server records every request, so tests can count calls and inspect what was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+
+@dataclass
+class Call:
+    number: int
+    kind: str  # visit | snippet
+    document: dict[str, Any]
+    request: dict[str, Any]
+
+
+@dataclass
+class Reply:
+    content: str | None = None
+    status: int = 200
+    delay: float = 0.0
+    finish_reason: str = "stop"
+    error: str = "scripted failure"
+
+    @staticmethod
+    def json(value: Any, **kw: Any) -> Reply:
+        return Reply(content=json.dumps(value), **kw)
+
+
+Script = Callable[[Call], Reply]
+
+
+@dataclass
+class JudgeServer:
+    script: Script
+    calls: list[Call] = field(default_factory=list)
+    port: int = 0
+    reject_response_format: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def count(self, kind: str | None = None) -> int:
+        return sum(1 for c in self.calls if kind is None or c.kind == kind)
+
+
+def _kind(document: dict[str, Any]) -> str:
+    return "visit" if "current_visit_turn" in document else "snippet"
+
+
+def _app(server: JudgeServer) -> Starlette:
+    lock = threading.Lock()
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        if server.reject_response_format and "response_format" in body:
+            return JSONResponse({"error": {"message": "response_format is not supported", "type": "invalid_request_error"}},
+                                status_code=400)
+        document = json.loads(body["messages"][-1]["content"])
+        with lock:
+            call = Call(len(server.calls) + 1, _kind(document), document, body)
+            server.calls.append(call)
+        reply = server.script(call)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.status != 200:
+            return JSONResponse({"error": {"message": reply.error, "type": "server_error"}}, status_code=reply.status)
+        content = reply.content or ""
+        return JSONResponse({
+            "id": f"chatcmpl-{call.number}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "scripted"),
+            "choices": [{"index": 0, "finish_reason": reply.finish_reason,
+                         "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": len(body["messages"][-1]["content"]) // 4,
+                      "completion_tokens": len(content) // 4,
+                      "total_tokens": len(body["messages"][-1]["content"]) // 4 + len(content) // 4},
+        })
+
+    return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_judge(script: Script, *, reject_response_format: bool = False) -> Iterator[JudgeServer]:
+    server = JudgeServer(script, port=free_port(), reject_response_format=reject_response_format)
+    config = uvicorn.Config(_app(server), host="127.0.0.1", port=server.port, log_level="warning", lifespan="off")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("test judge server did not start")
+        time.sleep(0.01)
+    try:
+        yield server
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+# ----------------------------------------------------------------------------- the marker script
+
+_MARK = re.compile(r"\[(?P<rubric>[A-Za-z0-9_-]+):(?P<level>[012]):(?P<point>[^\]]+)\]")
+_SNIP = re.compile(r"\[(?P<rubric>[A-Za-z0-9_-]+)\]")
+
+
+def marker_answer(call: Call) -> dict[str, Any]:
+    """Answer from markers in the page/snippet text, deterministically.
+
+    Visit: evidence marker ``[R1:2:fact-a]`` means level 2 for rubric R1 with support
+    point ``fact-a``, unless ``fact-a`` is already in the prior support (then level 0):
+    a judge that is history-aware in the simplest possible way. The highest new level
+    over the pages wins. Snippet: ``[R1]`` in a snippet is a match for R1 quoting it.
+    """
+    doc = call.document
+    if call.kind == "visit":
+        rubric = doc["rubric"]["id"]
+        prior = set(doc["prior_confirmed_support_points_for_this_rubric"])
+        best, pages, points = 0, [], []
+        for page in doc["current_visit_turn"]["pages"]:
+            for mark in _MARK.finditer(page["evidence"]):
+                if mark["rubric"] != rubric or mark["point"] in prior or mark["point"] in points:
+                    continue
+                level = int(mark["level"])
+                if level == 0:
+                    continue
+                best = max(best, level)
+                pages.append(page["page_id"])
+                points.append(mark["point"])
+        if best == 0:
+            return {"level": 0, "page_ids": [], "support_points": [], "rationale": "nothing new"}
+        return {"level": best, "page_ids": list(dict.fromkeys(pages)), "support_points": points[:3], "rationale": "marker"}
+    matches = []
+    for result in doc["unvisited_search_results"]:
+        for mark in _SNIP.finditer(result["snippet"]):
+            matches.append({"rubric_id": mark["rubric"], "result_id": result["result_id"], "evidence_quote": mark.group(0)})
+    return {"matches": matches}
+
+
+def marker_script(call: Call) -> Reply:
+    return Reply.json(marker_answer(call))
