@@ -38,10 +38,16 @@ def create_app(
         runtime = factory(settings)
         app.state.runtime = runtime
         if not app.state.tenant_keys:
-            log.warning("no API keys configured (DRCREDIT_API_KEYS): the API is OPEN to anyone who can reach it; local use only")
-        log.info("drcredit API ready: judge=%s model=%s database=%s execution=%s", runtime.judge.backend,
-                 runtime.judge.model, runtime.db.engine.url.render_as_string(hide_password=True),
-                 "celery" if settings.distributed else "in-process")
+            log.warning(
+                "no API keys configured (DRCREDIT_API_KEYS): the API is OPEN to anyone who can reach it; local use only"
+            )
+        log.info(
+            "drcredit API ready: judge=%s model=%s database=%s execution=%s",
+            runtime.judge.backend,
+            runtime.judge.model,
+            runtime.db.engine.url.render_as_string(hide_password=True),
+            "celery" if settings.distributed else "in-process",
+        )
         try:
             yield
         finally:

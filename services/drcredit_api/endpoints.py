@@ -48,7 +48,12 @@ RuntimeDep = Annotated[Runtime, Depends(runtime_of)]
 
 def _links(group_id: str) -> dict[str, str]:
     base = f"/v1/groups/{group_id}"
-    return {"status": base, "advantages": f"{base}/advantages", "credits": f"{base}/credits", "rollouts": f"{base}/rollouts"}
+    return {
+        "status": base,
+        "advantages": f"{base}/advantages",
+        "credits": f"{base}/credits",
+        "rollouts": f"{base}/rollouts",
+    }
 
 
 async def _read(rt: Runtime, fn: Callable[[Any], T]) -> T:
@@ -82,27 +87,40 @@ async def post_group(group: GroupIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
 
 
 @router.post(
-    "/v1/groups/{group_id}/rollouts", status_code=202, response_model=schemas.RolloutAccepted,
-    responses=ERRORS, tags=["ingest"],
+    "/v1/groups/{group_id}/rollouts",
+    status_code=202,
+    response_model=schemas.RolloutAccepted,
+    responses=ERRORS,
+    tags=["ingest"],
 )
 async def post_rollout(group_id: str, rollout: Rollout, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Add one rollout to a streaming group; its judging starts at once."""
-    sub, created = await run_in_threadpool(rt.pipeline.add_rollout, tenant, group_id, rollout)
+    _, created = await run_in_threadpool(rt.pipeline.add_rollout, tenant, group_id, rollout)
 
     def state(s: Any) -> m.Group:
         return documents.find_group(s, tenant, group_id)
 
     row = await _read(rt, state)
-    return {"group_id": group_id, "rollout_id": rollout.id, "status": row.status, "created": created,
-            "rollouts_received": row.rollouts_received, "expected_rollouts": row.expected_rollouts}
+    return {
+        "group_id": group_id,
+        "rollout_id": rollout.id,
+        "status": row.status,
+        "created": created,
+        "rollouts_received": row.rollouts_received,
+        "expected_rollouts": row.expected_rollouts,
+    }
 
 
 @router.post("/v1/batches", status_code=202, response_model=schemas.BatchAccepted, responses=ERRORS, tags=["ingest"])
 async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Submit a training step's groups in one call (stored atomically)."""
     batch_id, subs, created = await run_in_threadpool(rt.pipeline.submit_batch, tenant, batch)
-    return {"batch_id": batch_id, "group_ids": [s.group_id for s in subs], "created": created,
-            "links": {"status": f"/v1/batches/{batch_id}", "advantages": f"/v1/batches/{batch_id}/advantages"}}
+    return {
+        "batch_id": batch_id,
+        "group_ids": [s.group_id for s in subs],
+        "created": created,
+        "links": {"status": f"/v1/batches/{batch_id}", "advantages": f"/v1/batches/{batch_id}/advantages"},
+    }
 
 
 # ---------------------------------------------------------------------------- results
@@ -118,18 +136,24 @@ def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], list[str]]:
     return lambda s: [documents.find_group(s, tenant, group_id).status]
 
 
-@router.get("/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=ERRORS, tags=["results"])
+@router.get(
+    "/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=ERRORS, tags=["results"]
+)
 async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """Per-turn advantages once the group is done; ``409`` with its status before that."""
     await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
-    return await _read(rt, lambda s: documents.advantages_document(documents.find_group(s, tenant, group_id, full=True)))
+    return await _read(
+        rt, lambda s: documents.advantages_document(documents.find_group(s, tenant, group_id, full=True))
+    )
 
 
 @router.get("/v1/groups/{group_id}/credits", response_model=schemas.CreditsDocument, responses=ERRORS, tags=["results"])
 async def get_credits(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """The breakdown behind the advantages: credit parts, judgments, support histories."""
     await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
-    return await _read(rt, lambda s: documents.credits_document(s, documents.find_group(s, tenant, group_id, full=True)))
+    return await _read(
+        rt, lambda s: documents.credits_document(s, documents.find_group(s, tenant, group_id, full=True))
+    )
 
 
 @router.post("/v1/groups/{group_id}/replay", response_model=schemas.ReplayDocument, responses=ERRORS, tags=["results"])
@@ -147,7 +171,10 @@ async def post_replay(group_id: str, body: schemas.ReplayRequest, tenant: Tenant
 
 def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
     batch = documents.find_batch(s, tenant, batch_id)
-    rows = {g.group_id: g for g in s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(batch.group_ids)))}
+    rows = {
+        g.group_id: g
+        for g in s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(batch.group_ids)))
+    }
     return [rows[g] for g in batch.group_ids]
 
 
@@ -166,13 +193,18 @@ async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
 
     def run(s: Any) -> dict[str, Any]:
         groups = _batch_groups(s, tenant, batch_id)
-        return {"batch_id": batch_id, "status": _batch_status(groups),
-                "groups": [documents.status_document(s, g) for g in groups]}
+        return {
+            "batch_id": batch_id,
+            "status": _batch_status(groups),
+            "groups": [documents.status_document(s, g) for g in groups],
+        }
 
     return await _read(rt, run)
 
 
-@router.get("/v1/batches/{batch_id}/advantages", response_model=schemas.BatchAdvantages, responses=ERRORS, tags=["results"])
+@router.get(
+    "/v1/batches/{batch_id}/advantages", response_model=schemas.BatchAdvantages, responses=ERRORS, tags=["results"]
+)
 async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """Advantages of every group of a batch; ``409`` until every group has finished.
 
@@ -184,7 +216,9 @@ async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wa
         groups = _batch_groups(s, tenant, batch_id)
         pending = [g for g in groups if g.status not in ("done", "failed")]
         if pending:
-            raise NotReady(_batch_status(groups), f"batch {batch_id!r}: {len(pending)} of {len(groups)} groups not finished")
+            raise NotReady(
+                _batch_status(groups), f"batch {batch_id!r}: {len(pending)} of {len(groups)} groups not finished"
+            )
         docs = []
         for g in groups:
             if g.status == "done":
@@ -224,7 +258,9 @@ async def readyz(request: Request, rt: RuntimeDep) -> Response:
         except Exception as exc:  # noqa: BLE001
             checks["broker"] = f"unreachable: {type(exc).__name__}"
     ready = all(v in ("ok", "in-process") for v in checks.values())
-    return JSONResponse(status_code=200 if ready else 503, content={"status": "ready" if ready else "not ready", **checks})
+    return JSONResponse(
+        status_code=200 if ready else 503, content={"status": "ready" if ready else "not ready", **checks}
+    )
 
 
 @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)

@@ -91,12 +91,18 @@ class BodyLimit:
             await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
-        body = f'{{"detail": "request body exceeds the limit of {self.limit} bytes (DRCREDIT_MAX_BODY_BYTES)"}}'.encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        body = (
+            f'{{"detail": "request body exceeds the limit of {self.limit} bytes (DRCREDIT_MAX_BODY_BYTES)"}}'.encode()
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
 class _TooLarge(Exception):
     pass
-

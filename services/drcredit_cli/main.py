@@ -73,10 +73,16 @@ def _load_group(path: Path, params_json: str | None) -> GroupIn:
 
 @app.command()
 def score(
-    group_file: Annotated[Path, typer.Argument(metavar="GROUP.json", help="A rollout group as posted to POST /v1/groups.")],
-    params: Annotated[str | None, typer.Option("--params", help="JSON object of parameter overrides (SPEC section 7).")] = None,
+    group_file: Annotated[
+        Path, typer.Argument(metavar="GROUP.json", help="A rollout group as posted to POST /v1/groups.")
+    ],
+    params: Annotated[
+        str | None, typer.Option("--params", help="JSON object of parameter overrides (SPEC section 7).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the advantages document instead of a table.")] = False,
-    store: Annotated[bool, typer.Option("--store", help="Keep the result in the configured database instead of a temporary one.")] = False,
+    store: Annotated[
+        bool, typer.Option("--store", help="Keep the result in the configured database instead of a temporary one.")
+    ] = False,
 ) -> None:
     """Score one group in this process (embedded database, no broker) and print its advantages."""
     configure_logging(Settings(), quiet=True)
@@ -116,8 +122,12 @@ def _follow(runtime: Runtime, group_id: str) -> None:
     """Show judging progress on stderr until the group finishes."""
     dispatcher = runtime.dispatcher
     with Progress(
-        TextColumn("[bold]judging[/] {task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=err, transient=True,
+        TextColumn("[bold]judging[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
     ) as bar:
         task = bar.add_task(group_id, total=None)
         while True:
@@ -149,7 +159,14 @@ def _print_table(document: dict[str, Any], progress: dict[str, int]) -> None:
         for turn in rollout["turns"]:
             label = f"{rollout['id']} (A_o {_fmt(rollout['outcome_advantage'])})" if first else ""
             credit = "" if turn["credit"] is None else f"{turn['credit']:.3f}"
-            table.add_row(label, str(turn["index"]), turn["type"], credit, _fmt(turn["process_advantage"]), _fmt(turn["advantage"]))
+            table.add_row(
+                label,
+                str(turn["index"]),
+                turn["type"],
+                credit,
+                _fmt(turn["process_advantage"]),
+                _fmt(turn["advantage"]),
+            )
             first = False
         table.add_section()
     out.print(table)

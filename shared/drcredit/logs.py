@@ -16,7 +16,9 @@ from drcredit.settings import Settings
 
 def configure_logging(settings: Settings, *, quiet: bool = False) -> None:
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if settings.log_format == "json" else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer()
+        if settings.log_format == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -31,8 +33,11 @@ def configure_logging(settings: Settings, *, quiet: bool = False) -> None:
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(foreign_pre_chain=shared, processors=[
-        structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared, processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]
+        )
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel("WARNING" if quiet else settings.log_level.upper())

@@ -16,7 +16,9 @@ JUDGE_LATENCY = Histogram(
     ["backend", "kind"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
 )
-JUDGE_TOKENS = Counter("drcredit_judge_tokens_total", "Judge tokens by kind and direction", ["backend", "kind", "direction"])
+JUDGE_TOKENS = Counter(
+    "drcredit_judge_tokens_total", "Judge tokens by kind and direction", ["backend", "kind", "direction"]
+)
 JUDGE_CACHE_HITS = Counter("drcredit_judge_cache_hits_total", "Judgments reused from an identical request", ["kind"])
 DETERMINISTIC_ZEROS = Counter("drcredit_deterministic_zero_judgments_total", "Visit judgments made without a call")
 SNIPPET_SKIPS = Counter("drcredit_snippet_calls_skipped_total", "Snippet calls skipped under saturation")

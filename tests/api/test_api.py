@@ -28,16 +28,24 @@ def small_group(group_id: str = "g1", **extra: Any) -> dict[str, Any]:
     S2 n2 "[R1] [R2]" -> 2 matches -> 0.2; t2 tool -> 0; no answer turn.
     """
     return group_doc(
-        rollout("a",
-                search(("S1", "https://u1.org/p"), ("S2", "https://n1.org/p", "It is [R2] true.")),
-                visit(page("W1", "https://u1.org/p", "[R1:2:f1] text [R2:1:g1]")),
-                visit(page("W2", "https://u2.org/p", "again [R1:2:f1]")),
-                answer(), reward=1.0),
-        rollout("b",
-                visit(page("W1", "https://www.u1.org/p/", "[R1:2:f1] text [R2:1:g1]")),
-                search(("S1", "https://u1.org/p"), ("S2", "https://n2.org/p", "[R1] and [R2]")),
-                tool(), reward=0.0),
-        rubrics=RUBRICS, group_id=group_id, **extra,
+        rollout(
+            "a",
+            search(("S1", "https://u1.org/p"), ("S2", "https://n1.org/p", "It is [R2] true.")),
+            visit(page("W1", "https://u1.org/p", "[R1:2:f1] text [R2:1:g1]")),
+            visit(page("W2", "https://u2.org/p", "again [R1:2:f1]")),
+            answer(),
+            reward=1.0,
+        ),
+        rollout(
+            "b",
+            visit(page("W1", "https://www.u1.org/p/", "[R1:2:f1] text [R2:1:g1]")),
+            search(("S1", "https://u1.org/p"), ("S2", "https://n2.org/p", "[R1] and [R2]")),
+            tool(),
+            reward=0.0,
+        ),
+        rubrics=RUBRICS,
+        group_id=group_id,
+        **extra,
     )
 
 
@@ -80,7 +88,9 @@ def test_group_scoring_end_to_end(client: TestClient, marker_judge: JudgeServer)
     expected = expected_advantages()
     for ro in doc["rollouts"]:
         assert [t["index"] for t in ro["turns"]] == list(range(len(ro["turns"])))
-        assert [t["credit"] for t in ro["turns"]] == [pytest.approx(c) if c is not None else None for c in CREDITS[ro["id"]]]
+        assert [t["credit"] for t in ro["turns"]] == [
+            pytest.approx(c) if c is not None else None for c in CREDITS[ro["id"]]
+        ]
         assert [t["advantage"] for t in ro["turns"]] == [pytest.approx(x) for x in expected[ro["id"]]]
     final = doc["rollouts"][0]["turns"][-1]
     assert final["type"] == "answer" and final["credit"] is None and final["process_advantage"] is None
@@ -89,8 +99,15 @@ def test_group_scoring_end_to_end(client: TestClient, marker_judge: JudgeServer)
     # 3 judged visits x 2 positive rubrics + 2 snippet calls; the penalty rubric costs nothing.
     assert marker_judge.count("visit") == 6 and marker_judge.count("snippet") == 2
     status = client.get("/v1/groups/g1").json()
-    assert status["progress"] == {"judgments_total": 8, "judgments_done": 8, "judgments_failed": 0, "judge_calls": 8,
-                                  "cache_hits": 0, "deterministic_zeros": 0, "snippet_calls_skipped": 0}
+    assert status["progress"] == {
+        "judgments_total": 8,
+        "judgments_done": 8,
+        "judgments_failed": 0,
+        "judge_calls": 8,
+        "cache_hits": 0,
+        "deterministic_zeros": 0,
+        "snippet_calls_skipped": 0,
+    }
     assert status["finished_at"] is not None and status["judge"]["model"] == "judge-test"
 
 
@@ -117,15 +134,19 @@ def test_validation_errors_name_the_field(client: TestClient) -> None:
     doc["rollouts"][1]["turns"][0]["pages"].append(page("W1", "https://x.org"))
     r = client.post("/v1/groups", json=doc)
     assert r.status_code == 422
-    assert r.json()["detail"] == [{"field": "rollouts[1].turns[0].pages[1].id",
-                                   "message": "duplicate page id W1 (first at turns[0].pages[0].id)"}]
+    assert r.json()["detail"] == [
+        {"field": "rollouts[1].turns[0].pages[1].id", "message": "duplicate page id W1 (first at turns[0].pages[0].id)"}
+    ]
     assert "rollouts[1].turns[0].pages[1].id" in r.json()["message"]
     r = client.post("/v1/groups", json=small_group(params={"bogus": 1}))
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "params.bogus"
     r = client.post("/v1/groups", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "body"
-    r = client.post("/v1/groups", content=b'{"question": "q", "rubrics": [], "rollouts": []}',
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/v1/groups",
+        content=b'{"question": "q", "rubrics": [], "rollouts": []}',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "rubrics"
     nan = small_group()
     text = client.app.__class__  # keep the linter quiet about unused names below
@@ -157,20 +178,24 @@ def test_tenant_isolation(database_url: str, marker_judge: JudgeServer) -> None:
         assert c.post("/v1/groups/g1/replay", json={"params": {}}, headers=g).status_code == 404
         # The same group id is free for another tenant.
         assert c.post("/v1/groups", json=small_group(params={"cap": 0.5}), headers=g).json()["created"] is True
-        assert c.post("/v1/batches", json={"batch_id": "b1", "groups": [small_group("g2")]}, headers=a).status_code == 202
+        assert (
+            c.post("/v1/batches", json={"batch_id": "b1", "groups": [small_group("g2")]}, headers=a).status_code == 202
+        )
         assert c.get("/v1/batches/b1/advantages", headers=g).status_code == 404
         assert c.get("/healthz").status_code == 200
 
 
 def test_not_done_is_409_with_status(database_url: str) -> None:
-    with running_judge(lambda call: Reply.json({"matches": []} if call.kind == "snippet" else
-                                               {"level": 0, "page_ids": [], "support_points": []}, delay=1.0)) as slow:
-        with api_client(database_url, slow.url) as c:
-            c.post("/v1/groups", json=small_group())
-            r = c.get("/v1/groups/g1/advantages")
-            assert r.status_code == 409 and r.json()["status"] in ("queued", "running")
-            assert c.get("/v1/groups/g1/credits").status_code == 409
-            assert c.get("/v1/groups/g1/advantages", params={"wait": 30}).status_code == 200
+    with running_judge(
+        lambda call: Reply.json(
+            {"matches": []} if call.kind == "snippet" else {"level": 0, "page_ids": [], "support_points": []}, delay=1.0
+        )
+    ) as slow, api_client(database_url, slow.url) as c:
+        c.post("/v1/groups", json=small_group())
+        r = c.get("/v1/groups/g1/advantages")
+        assert r.status_code == 409 and r.json()["status"] in ("queued", "running")
+        assert c.get("/v1/groups/g1/credits").status_code == 409
+        assert c.get("/v1/groups/g1/advantages", params={"wait": 30}).status_code == 200
 
 
 def test_unknown_group_is_404(client: TestClient) -> None:
@@ -192,7 +217,9 @@ def test_credits_breakdown(client: TestClient) -> None:
     assert {j["rubric_id"]: j["prior_support_points"] for j in second_visit["judgments"]} == {"R1": 1, "R2": 1}
     assert a["support_histories"] == {"R1": [{"turn_index": 1, "text": "f1"}], "R2": [{"turn_index": 1, "text": "g1"}]}
     judgment = first_visit["judgments"][0]
-    assert judgment["status"] == "ok" and judgment["attempts"][0]["outcome"] == "ok" and judgment["model"] == "judge-test"
+    assert (
+        judgment["status"] == "ok" and judgment["attempts"][0]["outcome"] == "ok" and judgment["model"] == "judge-test"
+    )
 
 
 def test_replay_recomputes_without_judge_calls(client: TestClient, marker_judge: JudgeServer) -> None:
@@ -201,8 +228,12 @@ def test_replay_recomputes_without_judge_calls(client: TestClient, marker_judge:
     same = client.post("/v1/groups/g1/replay", json={"params": {}}).json()
     assert same["exact"] is True and same["sensitivity"]["rmse"] == 0 and same["sensitivity"]["wasserstein_1"] == 0
     assert same["sensitivity"]["process_sign_agreement"] == 1.0
-    assert [t["advantage"] for t in same["rollouts"][0]["turns"]] == [t["advantage"] for t in reference["rollouts"][0]["turns"]]
-    other = client.post("/v1/groups/g1/replay", json={"params": {"visit_levels": [0, 0.25, 0.5], "snippet_weight": 0.3}}).json()
+    assert [t["advantage"] for t in same["rollouts"][0]["turns"]] == [
+        t["advantage"] for t in reference["rollouts"][0]["turns"]
+    ]
+    other = client.post(
+        "/v1/groups/g1/replay", json={"params": {"visit_levels": [0, 0.25, 0.5], "snippet_weight": 0.3}}
+    ).json()
     # a: t0 = 0.75 + 0.3 = 1.05 -> cap 1; t1 = 0.75; b: t0 = 0.75, t1 = 0.6.
     assert [t["credit"] for t in other["rollouts"][0]["turns"]] == [1.0, 0.75, 0.0, None]
     assert [t["credit"] for t in other["rollouts"][1]["turns"]] == [0.75, pytest.approx(0.6), 0.0]
@@ -216,10 +247,15 @@ def test_replay_recomputes_without_judge_calls(client: TestClient, marker_judge:
 def test_replay_reports_turns_bounded_by_skipped_snippet_calls(client: TestClient) -> None:
     """b's search gets no navigation; a saturated search (visit credit 1.0) skipped its call."""
     doc = group_doc(
-        rollout("a", search(("S1", "https://u1.org/p"), ("S2", "https://n1.org/p", "[R1]")),
-                visit(page("W1", "https://u1.org/p", "[R1:2:f1] [R2:2:g1] [X:1:z]")), reward=1.0),
+        rollout(
+            "a",
+            search(("S1", "https://u1.org/p"), ("S2", "https://n1.org/p", "[R1]")),
+            visit(page("W1", "https://u1.org/p", "[R1:2:f1] [R2:2:g1] [X:1:z]")),
+            reward=1.0,
+        ),
         rollout("b", visit(page("W1", "https://u9.org/p", "[R2:1:g2]")), reward=0.0),
-        rubrics=[rubric("R1"), rubric("R2")], group_id="sat",
+        rubrics=[rubric("R1"), rubric("R2")],
+        group_id="sat",
     )
     post_and_wait(client, doc)
     status = client.get("/v1/groups/sat").json()
@@ -310,11 +346,19 @@ def test_operations_endpoints(client: TestClient) -> None:
 def test_openapi_describes_every_endpoint(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     paths = spec["paths"]
-    for path, method in [("/v1/groups", "post"), ("/v1/groups/{group_id}", "get"), ("/v1/groups/{group_id}/rollouts", "post"),
-                         ("/v1/groups/{group_id}/advantages", "get"), ("/v1/groups/{group_id}/credits", "get"),
-                         ("/v1/groups/{group_id}/replay", "post"), ("/v1/batches", "post"),
-                         ("/v1/batches/{batch_id}/advantages", "get"), ("/healthz", "get"), ("/readyz", "get"),
-                         ("/metrics", "get")]:
+    for path, method in [
+        ("/v1/groups", "post"),
+        ("/v1/groups/{group_id}", "get"),
+        ("/v1/groups/{group_id}/rollouts", "post"),
+        ("/v1/groups/{group_id}/advantages", "get"),
+        ("/v1/groups/{group_id}/credits", "get"),
+        ("/v1/groups/{group_id}/replay", "post"),
+        ("/v1/batches", "post"),
+        ("/v1/batches/{batch_id}/advantages", "get"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+    ]:
         assert method in paths[path], path
     schemas = spec["components"]["schemas"]
     assert {"GroupIn", "Rollout", "ScoringParams", "AdvantagesDocument", "ReplayDocument"} <= set(schemas)

@@ -444,7 +444,16 @@ def test_workload_meets_restricted_pod_security(workload: dict[str, Any]) -> Non
         assert sc["capabilities"]["drop"] == ["ALL"], c["name"]
         assert not sc.get("capabilities", {}).get("add"), c["name"]
         assert not sc.get("privileged"), c["name"]
-    allowed_volumes = {"configMap", "emptyDir", "persistentVolumeClaim", "secret", "projected", "downwardAPI", "csi", "ephemeral"}
+    allowed_volumes = {
+        "configMap",
+        "emptyDir",
+        "persistentVolumeClaim",
+        "secret",
+        "projected",
+        "downwardAPI",
+        "csi",
+        "ephemeral",
+    }
     for volume in spec.get("volumes", []):
         assert set(volume) - {"name"} <= allowed_volumes, volume
 
@@ -496,7 +505,11 @@ def test_dev_database_url_matches_dependencies() -> None:
     deps = k8s_resources(K8S / "dependencies")
     pg = by_name(deps, "Secret")["drcredit-postgres"]["stringData"]
     service = by_name(deps, "Service")[url.hostname]
-    assert (url.username, url.password, url.path.lstrip("/")) == (pg["POSTGRES_USER"], pg["POSTGRES_PASSWORD"], pg["POSTGRES_DB"])
+    assert (url.username, url.password, url.path.lstrip("/")) == (
+        pg["POSTGRES_USER"],
+        pg["POSTGRES_PASSWORD"],
+        pg["POSTGRES_DB"],
+    )
     assert url.port in {p["port"] for p in service["spec"]["ports"]}
 
 

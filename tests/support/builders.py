@@ -37,10 +37,20 @@ def tool(name: str = "calculator") -> dict[str, Any]:
     return {"type": "tool", "name": name, "arguments": {"x": 1}, "response": "2"}
 
 
-def rubric(rid: str, weight: float = 1.0, kind: str = "factual", description: str | None = None,
-           trusted: list[str] | None = None) -> dict[str, Any]:
-    return {"id": rid, "type": kind, "description": description or f"rubric {rid}", "weight": weight,
-            "trusted_evidence": trusted or []}
+def rubric(
+    rid: str,
+    weight: float = 1.0,
+    kind: str = "factual",
+    description: str | None = None,
+    trusted: list[str] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "type": kind,
+        "description": description or f"rubric {rid}",
+        "weight": weight,
+        "trusted_evidence": trusted or [],
+    }
 
 
 def rollout(rid: str, *turns: dict[str, Any], reward: float | None = 0.5) -> dict[str, Any]:
@@ -50,9 +60,17 @@ def rollout(rid: str, *turns: dict[str, Any], reward: float | None = 0.5) -> dic
     return out
 
 
-def group_doc(*rollouts: dict[str, Any], rubrics: list[dict[str, Any]] | None = None,
-              params: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"question": "What happened?", "rubrics": rubrics or [rubric("R1")], "rollouts": list(rollouts)}
+def group_doc(
+    *rollouts: dict[str, Any],
+    rubrics: list[dict[str, Any]] | None = None,
+    params: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "question": "What happened?",
+        "rubrics": rubrics or [rubric("R1")],
+        "rollouts": list(rollouts),
+    }
     if params is not None:
         doc["params"] = params
     doc.update(extra)

@@ -55,6 +55,8 @@ class JudgeServer:
     calls: list[Call] = field(default_factory=list)
     port: int = 0
     reject_response_format: bool = False
+    in_flight: int = 0
+    peak_in_flight: int = 0
 
     @property
     def url(self) -> str:
@@ -74,29 +76,45 @@ def _app(server: JudgeServer) -> Starlette:
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         if server.reject_response_format and "response_format" in body:
-            return JSONResponse({"error": {"message": "response_format is not supported", "type": "invalid_request_error"}},
-                                status_code=400)
+            return JSONResponse(
+                {"error": {"message": "response_format is not supported", "type": "invalid_request_error"}},
+                status_code=400,
+            )
         document = json.loads(body["messages"][-1]["content"])
         with lock:
             call = Call(len(server.calls) + 1, _kind(document), document, body)
             server.calls.append(call)
         reply = server.script(call)
-        if reply.delay:
-            await asyncio.sleep(reply.delay)
+        server.in_flight += 1
+        server.peak_in_flight = max(server.peak_in_flight, server.in_flight)
+        try:
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+        finally:
+            server.in_flight -= 1
         if reply.status != 200:
             return JSONResponse({"error": {"message": reply.error, "type": "server_error"}}, status_code=reply.status)
         content = reply.content or ""
-        return JSONResponse({
-            "id": f"chatcmpl-{call.number}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", "scripted"),
-            "choices": [{"index": 0, "finish_reason": reply.finish_reason,
-                         "message": {"role": "assistant", "content": content}}],
-            "usage": {"prompt_tokens": len(body["messages"][-1]["content"]) // 4,
-                      "completion_tokens": len(content) // 4,
-                      "total_tokens": len(body["messages"][-1]["content"]) // 4 + len(content) // 4},
-        })
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{call.number}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "scripted"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": reply.finish_reason,
+                        "message": {"role": "assistant", "content": content},
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": len(body["messages"][-1]["content"]) // 4,
+                    "completion_tokens": len(content) // 4,
+                    "total_tokens": len(body["messages"][-1]["content"]) // 4 + len(content) // 4,
+                },
+            }
+        )
 
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
 
@@ -157,11 +175,18 @@ def marker_answer(call: Call) -> dict[str, Any]:
                 points.append(mark["point"])
         if best == 0:
             return {"level": 0, "page_ids": [], "support_points": [], "rationale": "nothing new"}
-        return {"level": best, "page_ids": list(dict.fromkeys(pages)), "support_points": points[:3], "rationale": "marker"}
+        return {
+            "level": best,
+            "page_ids": list(dict.fromkeys(pages)),
+            "support_points": points[:3],
+            "rationale": "marker",
+        }
     matches = []
     for result in doc["unvisited_search_results"]:
         for mark in _SNIP.finditer(result["snippet"]):
-            matches.append({"rubric_id": mark["rubric"], "result_id": result["result_id"], "evidence_quote": mark.group(0)})
+            matches.append(
+                {"rubric_id": mark["rubric"], "result_id": result["result_id"], "evidence_quote": mark.group(0)}
+            )
     return {"matches": matches}
 
 

@@ -27,8 +27,12 @@ P = ScoringParams()
 RUBRICS3 = [rubric("R1"), rubric("R2"), rubric("R3"), rubric("PEN", weight=-1.0)]
 
 
-def credits_of(g: GroupIn, visit_levels: dict[tuple[str, int, str], int] | None = None,
-               snippets: dict[tuple[str, int], int] | None = None, params: ScoringParams = P) -> dict[str, list[float | None]]:
+def credits_of(
+    g: GroupIn,
+    visit_levels: dict[tuple[str, int, str], int] | None = None,
+    snippets: dict[tuple[str, int], int] | None = None,
+    params: ScoringParams = P,
+) -> dict[str, list[float | None]]:
     result = group_credits(g, Judgments(visit_levels or {}, snippets or {}), params)
     return {rc.rollout_id: [t.credit for t in rc.turns] for rc in result}
 
@@ -44,7 +48,14 @@ def test_visit_levels_sum_and_cap() -> None:
     """Levels (2, 2, 1) -> 0.5 + 0.5 + 0.2 = 1.2 uncapped, min(1, 1.2) = 1.0 capped;
     a second visit with (1, 0, 0) -> 0.2. The penalty rubric needs no judgment."""
     g = group(rollout("a", visit(page("W1", "u1")), visit(page("W2", "u2")), answer()), filler(), rubrics=RUBRICS3)
-    levels = {("a", 0, "R1"): 2, ("a", 0, "R2"): 2, ("a", 0, "R3"): 1, ("a", 1, "R1"): 1, ("a", 1, "R2"): 0, ("a", 1, "R3"): 0}
+    levels = {
+        ("a", 0, "R1"): 2,
+        ("a", 0, "R2"): 2,
+        ("a", 0, "R3"): 1,
+        ("a", 1, "R1"): 1,
+        ("a", 1, "R2"): 0,
+        ("a", 1, "R3"): 0,
+    }
     result = group_credits(g, Judgments(levels, {}), P)[0]
     assert result.turns[0].visit_credit_uncapped == pytest.approx(1.2)
     assert result.turns[0].credit == 1.0
@@ -56,7 +67,14 @@ def test_custom_visit_levels_and_cap() -> None:
     """visit_levels (0, 0.25, 0.6), cap 0.75: (1, 1, 0) -> 0.5; (2, 1, 0) -> min(0.75, 0.85) = 0.75."""
     params = ScoringParams(visit_levels=(0, 0.25, 0.6), cap=0.75)
     g = group(rollout("a", visit(page("W1", "u1")), visit(page("W2", "u2"))), filler(), rubrics=RUBRICS3)
-    levels = {("a", 0, "R1"): 1, ("a", 0, "R2"): 1, ("a", 0, "R3"): 0, ("a", 1, "R1"): 2, ("a", 1, "R2"): 1, ("a", 1, "R3"): 0}
+    levels = {
+        ("a", 0, "R1"): 1,
+        ("a", 0, "R2"): 1,
+        ("a", 0, "R3"): 0,
+        ("a", 1, "R1"): 2,
+        ("a", 1, "R2"): 1,
+        ("a", 1, "R3"): 0,
+    }
     assert credits_of(g, levels, params=params)["a"] == [pytest.approx(0.5), pytest.approx(0.75)]
 
 
@@ -76,7 +94,9 @@ def test_visit_without_usable_page_is_a_deterministic_zero() -> None:
 
 def test_chains_are_per_positive_rubric_in_turn_order() -> None:
     """One chain per (rollout, positive rubric); the penalty rubric gets none."""
-    g = group(rollout("a", visit(page("W1", "u1")), search(("S1", "x")), visit(page("W2", "u2"))), filler(), rubrics=RUBRICS3)
+    g = group(
+        rollout("a", visit(page("W1", "u1")), search(("S1", "x")), visit(page("W2", "u2"))), filler(), rubrics=RUBRICS3
+    )
     chains = plan_rollout(g, g.rollouts[0], P).chains
     assert [(c.rubric_id, c.turn_indices) for c in chains] == [("R1", (0, 2)), ("R2", (0, 2)), ("R3", (0, 2))]
 
@@ -125,7 +145,14 @@ def test_navigation_is_capped_and_counts_each_visit_once() -> None:
         visit(page("W3", "https://b.org/y")),
     )
     g = group(r, filler(), rubrics=[rubric("R1"), rubric("R2")])
-    levels = {("a", 0, "R1"): 2, ("a", 0, "R2"): 2, ("a", 2, "R1"): 2, ("a", 2, "R2"): 1, ("a", 3, "R1"): 1, ("a", 3, "R2"): 1}
+    levels = {
+        ("a", 0, "R1"): 2,
+        ("a", 0, "R2"): 2,
+        ("a", 2, "R1"): 2,
+        ("a", 2, "R2"): 1,
+        ("a", 3, "R1"): 1,
+        ("a", 3, "R2"): 1,
+    }
     links = navigation_links(g.rollouts[0], "all")
     assert links == {1: [2, 3]}
     result = group_credits(g, Judgments(levels, {}), P)[0]
@@ -135,14 +162,23 @@ def test_navigation_is_capped_and_counts_each_visit_once() -> None:
 
 def test_navigation_switched_off() -> None:
     """navigation=false: cnav = 0, so the search's credit is only its snippet credit."""
-    g = group(rollout("a", search(("S1", "https://a.org/x"), ("S2", "https://n.org/1", "fact")), visit(page("W1", "https://a.org/x"))),
-              filler(), params={"navigation": False})
+    g = group(
+        rollout(
+            "a",
+            search(("S1", "https://a.org/x"), ("S2", "https://n.org/1", "fact")),
+            visit(page("W1", "https://a.org/x")),
+        ),
+        filler(),
+        params={"navigation": False},
+    )
     assert credits_of(g, {("a", 1, "R1"): 2}, {("a", 0): 1}, params=g.params)["a"] == [pytest.approx(0.1), 0.5]
 
 
 def test_search_with_error_or_no_results_has_zero_credit() -> None:
     """A search carrying an error earns nothing even if a later visit hits its URL."""
-    r = rollout("a", search(("S1", "https://a.org/x"), error="rate limited"), search(), visit(page("W1", "https://a.org/x")))
+    r = rollout(
+        "a", search(("S1", "https://a.org/x"), error="rate limited"), search(), visit(page("W1", "https://a.org/x"))
+    )
     g = group(r, filler())
     plan = plan_rollout(g, g.rollouts[0], P)
     assert plan.snippet_tasks == ()
@@ -189,8 +225,11 @@ def test_snippets_switched_off() -> None:
 
 def saturated_rollout() -> dict[str, object]:
     # t0 returns A (visited at t1 with cv 1.0) and N (never visited).
-    return rollout("a", search(("S1", "https://a.org/x"), ("S2", "https://n.org/1", "a fact")),
-                   visit(page("W1", "https://a.org/x")))
+    return rollout(
+        "a",
+        search(("S1", "https://a.org/x"), ("S2", "https://n.org/1", "a fact")),
+        visit(page("W1", "https://a.org/x")),
+    )
 
 
 SAT_LEVELS = {("a", 1, "R1"): 2, ("a", 1, "R2"): 2}  # cv = min(1, 1.0) = 1.0
@@ -204,13 +243,19 @@ def test_saturated_search_skips_its_snippet_call() -> None:
     assert snippet_decision(task, {1: 1.0}, P) == "skip"
     assert snippet_decision(task, {1: 0.7}, P) == "call"
     result = group_credits(g, Judgments(SAT_LEVELS, {}), P)[0]
-    assert (result.turns[0].navigation_credit, result.turns[0].snippet_credit, result.turns[0].credit) == (1.0, 0.0, 1.0)
+    assert (result.turns[0].navigation_credit, result.turns[0].snippet_credit, result.turns[0].credit) == (
+        1.0,
+        0.0,
+        1.0,
+    )
 
 
 def test_saturation_skip_can_be_switched_off_and_search_credit_is_capped() -> None:
     """skip_saturated_snippets=false: the call is made at once; cnav 1.0 + 3 x 0.1 = 1.3 -> cs = 1.0."""
     params = ScoringParams(skip_saturated_snippets=False)
-    g = group(saturated_rollout(), filler(), rubrics=[rubric("R1"), rubric("R2")], params={"skip_saturated_snippets": False})
+    g = group(
+        saturated_rollout(), filler(), rubrics=[rubric("R1"), rubric("R2")], params={"skip_saturated_snippets": False}
+    )
     (task,) = plan_rollout(g, g.rollouts[0], params).snippet_tasks
     assert snippet_decision(task, {}, params) == "call"
     result = group_credits(g, Judgments(SAT_LEVELS, {("a", 0): 3}), params)[0]
@@ -342,7 +387,9 @@ def test_process_only_ablation() -> None:
 
 def test_rollout_without_answer_has_only_non_final_turns() -> None:
     """A rollout cut at the turn limit: every turn is a research turn with a process term."""
-    g = group(rollout("a", visit(page("W1", "u1")), reward=1.0), rollout("b", visit(page("W1", "u1")), answer(), reward=0.0))
+    g = group(
+        rollout("a", visit(page("W1", "u1")), reward=1.0), rollout("b", visit(page("W1", "u1")), answer(), reward=0.0)
+    )
     j = Judgments({("a", 0, "R1"): 2, ("b", 0, "R1"): 0}, {})
     adv = group_advantages(g, group_credits(g, j, P), P)
     assert [t.process_advantage for t in adv.rollouts[0].turns] == [1.0]

@@ -71,11 +71,28 @@ def test_non_finite_numbers() -> None:
 
 
 def test_unknown_and_out_of_range_parameters() -> None:
-    got = problems(group_doc(*ok_rollouts(), params={"cap": 0, "discount": 1.5, "gamma": 0.9, "attribution": "first",
-                                                     "history": "yes", "visit_levels": [0, 0.2]}))
+    got = problems(
+        group_doc(
+            *ok_rollouts(),
+            params={
+                "cap": 0,
+                "discount": 1.5,
+                "gamma": 0.9,
+                "attribution": "first",
+                "history": "yes",
+                "visit_levels": [0, 0.2],
+            },
+        )
+    )
     fields = {p.split(":")[0] for p in got}
-    assert fields == {"params.cap", "params.discount", "params.gamma", "params.attribution", "params.history",
-                      "params.visit_levels[2]"}
+    assert fields == {
+        "params.cap",
+        "params.discount",
+        "params.gamma",
+        "params.attribution",
+        "params.history",
+        "params.visit_levels[2]",
+    }
     assert "params.gamma: unknown field" in got
 
 
@@ -86,7 +103,9 @@ def test_visit_levels_must_be_non_decreasing() -> None:
 
 def test_missing_outcome_reward_when_others_have_one() -> None:
     got = problems(group_doc(rollout("a", answer(), reward=0.3), rollout("b", answer(), reward=None)))
-    assert got == ["rollouts[1].outcome_reward: missing; every rollout of the group needs an outcome_reward when any has one"]
+    assert got == [
+        "rollouts[1].outcome_reward: missing; every rollout of the group needs an outcome_reward when any has one"
+    ]
 
 
 def test_turn_field_errors_name_the_path_without_union_tags() -> None:

@@ -92,12 +92,16 @@ def test_each_rubric_matches_at_most_once_and_earlier_wins() -> None:
 
 
 def test_one_quote_cannot_serve_two_rubrics() -> None:
-    got = accepted([m("R1", "S1", "opened in 2019"), m("R2", "S1", "opened  in 2019"), m("R3", "S1", "employs 300 people")])
+    got = accepted(
+        [m("R1", "S1", "opened in 2019"), m("R2", "S1", "opened  in 2019"), m("R3", "S1", "employs 300 people")]
+    )
     assert got == [("R1", "S1"), ("R3", "S1")]
 
 
 def test_malformed_entries_are_rejected_alone_with_a_reason() -> None:
-    verdict = accept_snippet_matches({"matches": ["junk", {"rubric_id": "R1"}, m("R2", "S2", "rose 12%")]}, RUBRICS, SNIPPETS)
+    verdict = accept_snippet_matches(
+        {"matches": ["junk", {"rubric_id": "R1"}, m("R2", "S2", "rose 12%")]}, RUBRICS, SNIPPETS
+    )
     assert [x.rubric_id for x in verdict.accepted] == ["R2"]
     assert [r.index for r in verdict.rejected] == [0, 1]
 

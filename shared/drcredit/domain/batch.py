@@ -22,9 +22,16 @@ class BatchIn(BaseModel):
             if group.group_id is None:
                 continue
             if group.group_id in seen:
-                problems.append((f"groups[{i}].group_id", f"duplicate group id {group.group_id} (first at groups[{seen[group.group_id]}])"))
+                problems.append(
+                    (
+                        f"groups[{i}].group_id",
+                        f"duplicate group id {group.group_id} (first at groups[{seen[group.group_id]}])",
+                    )
+                )
             else:
                 seen[group.group_id] = i
         if problems:
-            raise PydanticCustomError("invalid_batch", "; ".join(f"{f}: {d}" for f, d in problems), {"semantic": problems})
+            raise PydanticCustomError(
+                "invalid_batch", "; ".join(f"{f}: {d}" for f, d in problems), {"semantic": problems}
+            )
         return self

@@ -122,9 +122,7 @@ def plan_rollout(group: GroupContent, rollout: Rollout, params: ScoringParams) -
         if isinstance(turn, VisitTurn):
             (judged_visits if turn.usable_pages else zero_visits).append(t)
     chains = tuple(
-        VisitChain(rollout.id, rubric.id, tuple(judged_visits))
-        for rubric in group.positive_rubrics
-        if judged_visits
+        VisitChain(rollout.id, rubric.id, tuple(judged_visits)) for rubric in group.positive_rubrics if judged_visits
     )
     tasks: list[SnippetTask] = []
     if params.snippets:
@@ -142,7 +140,9 @@ def plan_rollout(group: GroupContent, rollout: Rollout, params: ScoringParams) -
 SnippetDecision = Literal["call", "skip", "wait"]
 
 
-def snippet_decision(task: SnippetTask, known_visit_credits: Mapping[int, float], params: ScoringParams) -> SnippetDecision:
+def snippet_decision(
+    task: SnippetTask, known_visit_credits: Mapping[int, float], params: ScoringParams
+) -> SnippetDecision:
     """Whether a snippet call is needed now, never, or once more visits are judged.
 
     ``known_visit_credits`` holds the capped credit of each visit whose judgments are
@@ -259,9 +259,9 @@ def rollout_credits(
             and not (params.skip_saturated_snippets and nav >= params.cap)
         )
         if needs_call:
-            key = (rollout.id, t)
-            if key in judgments.snippet_matches:
-                matches = judgments.snippet_matches[key]
+            search_key = (rollout.id, t)
+            if search_key in judgments.snippet_matches:
+                matches = judgments.snippet_matches[search_key]
             elif allow_missing_snippets:
                 matches = None
                 upper = min(params.cap, nav + params.snippet_weight * len(rubrics))
@@ -270,9 +270,14 @@ def rollout_credits(
         snippet = params.snippet_weight * (matches or 0)
         credit = min(params.cap, nav + snippet)
         out[t] = TurnCredit(
-            t, "search", credit,
-            navigation_credit=nav, snippet_credit=snippet, snippet_matches=matches,
-            navigation_visits=linked, credit_upper_bound=upper,
+            t,
+            "search",
+            credit,
+            navigation_credit=nav,
+            snippet_credit=snippet,
+            snippet_matches=matches,
+            navigation_visits=linked,
+            credit_upper_bound=upper,
         )
 
     result = []

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +38,9 @@ def format_path(loc: Iterable[Any]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in TURN_TAGS and isinstance(previous, int) and before_previous == "turns":
-            pass
-        elif isinstance(part, str) and part.startswith("function-"):
+        elif (part in TURN_TAGS and isinstance(previous, int) and before_previous == "turns") or (
+            isinstance(part, str) and part.startswith("function-")
+        ):
             pass
         else:
             out += f".{part}" if out else str(part)
@@ -48,7 +48,7 @@ def format_path(loc: Iterable[Any]) -> str:
     return out
 
 
-def errors_from_pydantic(errors: Iterable[dict[str, Any]], strip: int = 0) -> list[FieldError]:
+def errors_from_pydantic(errors: Iterable[Mapping[str, Any]], strip: int = 0) -> list[FieldError]:
     """Convert pydantic's ``errors()`` into :class:`FieldError`s.
 
     Semantic errors raised by our own validators carry their paths in ``ctx.semantic``

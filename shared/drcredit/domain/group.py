@@ -191,7 +191,7 @@ def _raise(problems: list[FieldError], *, relative: bool = False) -> None:
 
 def _relative(field: str) -> str:
     cuts = [i for i in (field.find("["), field.find(".")) if i >= 0]
-    return field[min(cuts):].lstrip(".") if cuts else ""
+    return field[min(cuts) :].lstrip(".") if cuts else ""
 
 
 def rollout_problems(rollout: Rollout) -> Iterator[FieldError]:
@@ -225,7 +225,9 @@ def rubric_problems(rubrics: list[Rubric]) -> Iterator[FieldError]:
     seen: dict[str, int] = {}
     for k, rubric in enumerate(rubrics):
         if rubric.id in seen:
-            yield FieldError(f"rubrics[{k}].id", f"duplicate rubric id {rubric.id} (first at rubrics[{seen[rubric.id]}])")
+            yield FieldError(
+                f"rubrics[{k}].id", f"duplicate rubric id {rubric.id} (first at rubrics[{seen[rubric.id]}])"
+            )
         else:
             seen[rubric.id] = k
     if rubrics and not any(r.positive for r in rubrics):
@@ -237,7 +239,9 @@ def group_problems(group: GroupIn) -> Iterator[FieldError]:
     n = len(group.rollouts)
     if group.expected_rollouts is None:
         if n < 2:
-            yield FieldError("rollouts", f"a group needs at least 2 rollouts, got {n} (or set expected_rollouts to stream them)")
+            yield FieldError(
+                "rollouts", f"a group needs at least 2 rollouts, got {n} (or set expected_rollouts to stream them)"
+            )
     elif n > group.expected_rollouts:
         yield FieldError("rollouts", f"{n} rollouts exceed expected_rollouts={group.expected_rollouts}")
 
@@ -247,7 +251,10 @@ def rollout_set_problems(rollouts: list[Rollout], offset: int = 0) -> Iterator[F
     ids: dict[str, int] = {}
     for i, rollout in enumerate(rollouts):
         if rollout.id in ids:
-            yield FieldError(f"rollouts[{i + offset}].id", f"duplicate rollout id {rollout.id} (first at rollouts[{ids[rollout.id]}])")
+            yield FieldError(
+                f"rollouts[{i + offset}].id",
+                f"duplicate rollout id {rollout.id} (first at rollouts[{ids[rollout.id]}])",
+            )
         else:
             ids[rollout.id] = i + offset
     yield from outcome_reward_problems(rollouts, offset)

@@ -47,7 +47,9 @@ def validate_visit_answer(answer: Any, usable_page_ids: Collection[str]) -> Visi
         if isinstance(pid, str) and pid in usable and pid not in kept:
             kept.append(pid)
     if not kept:
-        raise InvalidAnswer(f"level {level} names no usable page of this visit (got {raw_ids!r}, usable {sorted(usable)})")
+        raise InvalidAnswer(
+            f"level {level} names no usable page of this visit (got {raw_ids!r}, usable {sorted(usable)})"
+        )
     points = answer.get("support_points")
     if not isinstance(points, list) or not points:
         raise InvalidAnswer(f"level {level} needs 1-3 support points, got {points!r}")
@@ -125,7 +127,7 @@ def accept_snippet_matches(
             else:
                 matched_rubrics.add(rubric_id)
                 used_quotes.add(collapsed)
-                accepted.append(SnippetMatch(rubric_id, result_id, quote))
+                accepted.append(SnippetMatch(rubric_id, result_id, str(quote)))
         if reason is not None:
             rejected.append(RejectedMatch(i, entry, reason))
     return SnippetVerdict(tuple(accepted), tuple(rejected))

@@ -155,7 +155,7 @@ class Judge(ABC):
     def complete(self, prompt: Prompt) -> Completion:
         """Send one prompt once; raise :class:`RetryableError` or :class:`FatalJudgeError`."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a concrete default, not an abstract hook
         """Release connections; the default holds none."""
 
     # ------------------------------------------------------------------ requests
@@ -173,7 +173,9 @@ class Judge(ABC):
     def judge_snippets(self, request: SnippetJudgeRequest) -> JudgeResult[SnippetVerdict]:
         rubric_ids = [r.id for r in request.rubrics]
         snippets = {r.id: r.snippet for r in request.results}
-        return self._run(self.snippet_prompt(request), lambda answer: accept_snippet_matches(answer, rubric_ids, snippets))
+        return self._run(
+            self.snippet_prompt(request), lambda answer: accept_snippet_matches(answer, rubric_ids, snippets)
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -192,8 +194,11 @@ class Judge(ABC):
                 result.attempts.append(Attempt(number, "fatal", time.perf_counter() - started, error=str(exc)))
                 raise
             attempt = Attempt(
-                number, "ok", time.perf_counter() - started,
-                completion.prompt_tokens, completion.completion_tokens,
+                number,
+                "ok",
+                time.perf_counter() - started,
+                completion.prompt_tokens,
+                completion.completion_tokens,
             )
             result.attempts.append(attempt)
             try:

@@ -24,5 +24,4 @@ def build_judge(settings: Settings) -> Judge:
         response_format=settings.judge_response_format,
         extra_body=settings.judge_extra_body,
         retry=retry,
-        max_connections=max(16, settings.judge_concurrency),
     )

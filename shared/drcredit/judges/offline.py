@@ -19,11 +19,87 @@ from drcredit.judges.base import Completion, Judge, Prompt, RetryPolicy
 _WORD = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
 _STOP = frozenset(
-    """a an and are as at be been by can could did do does for from had has have how in
-    into is it its may might more most not of on or such than that the their them then
-    there these they this those to under was were what when where which while who why
-    will with would about after also any between both during each other over same some
-    should shall only very well per via whether""".split()
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "for",
+        "from",
+        "had",
+        "has",
+        "have",
+        "how",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "may",
+        "might",
+        "more",
+        "most",
+        "not",
+        "of",
+        "on",
+        "or",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "to",
+        "under",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "why",
+        "will",
+        "with",
+        "would",
+        "about",
+        "after",
+        "also",
+        "any",
+        "between",
+        "both",
+        "during",
+        "each",
+        "other",
+        "over",
+        "same",
+        "some",
+        "should",
+        "shall",
+        "only",
+        "very",
+        "well",
+        "per",
+        "via",
+        "whether",
+    ]
 )
 
 
@@ -49,7 +125,9 @@ class OfflineJudge(Judge):
         document = json.loads(prompt.user)
         answer = self._visit(document) if prompt.kind == "visit" else self._snippets(document)
         text = json.dumps(answer)
-        return Completion(text, prompt_tokens=len(prompt.user) // 4, completion_tokens=len(text) // 4, finish_reason="stop")
+        return Completion(
+            text, prompt_tokens=len(prompt.user) // 4, completion_tokens=len(text) // 4, finish_reason="stop"
+        )
 
     def _visit(self, doc: dict[str, Any]) -> dict[str, Any]:
         rubric = doc["rubric"]
@@ -90,7 +168,11 @@ class OfflineJudge(Judge):
             for result in doc["unvisited_search_results"]:
                 for sentence in sentences(result["snippet"]):
                     hits = len(content_words(sentence) & target)
-                    if hits >= max(3, len(target) // 2) and sentence not in used_quotes and (best is None or hits > best[0]):
+                    if (
+                        hits >= max(3, len(target) // 2)
+                        and sentence not in used_quotes
+                        and (best is None or hits > best[0])
+                    ):
                         best = (hits, result["result_id"], sentence)
             if best is not None:
                 used_quotes.add(best[2])

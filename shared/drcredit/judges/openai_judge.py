@@ -31,21 +31,11 @@ class OpenAIJudge(Judge):
         response_format: ResponseFormat = "auto",
         extra_body: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
-        max_connections: int = 256,
     ):
         super().__init__(model, retry)
-        import httpx
-
-        self._client = openai.OpenAI(
-            base_url=base_url,
-            api_key=api_key or "EMPTY",
-            timeout=timeout_s,
-            max_retries=0,
-            http_client=httpx.Client(
-                timeout=timeout_s,
-                limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            ),
-        )
+        # The client's own connection pool (up to 1000 connections) is larger than any
+        # judge concurrency we configure, so it is left as it is.
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "EMPTY", timeout=timeout_s, max_retries=0)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.response_format: ResponseFormat = response_format

@@ -200,7 +200,13 @@ def snippet_prompt(request: SnippetJudgeRequest) -> Prompt:
         "rubrics": [{"id": r.id, "type": r.type, "description": r.description} for r in request.rubrics],
         "unvisited_search_results": [{"result_id": r.id, "snippet": r.snippet} for r in request.results],
         "output_schema": {
-            "matches": [{"rubric_id": "a rubric id above", "result_id": "a result_id above", "evidence_quote": "exact snippet substring"}]
+            "matches": [
+                {
+                    "rubric_id": "a rubric id above",
+                    "result_id": "a result_id above",
+                    "evidence_quote": "exact snippet substring",
+                }
+            ]
         },
     }
     return Prompt("snippet", SNIPPET_SYSTEM, _dump(document), "snippet_matches", SNIPPET_SCHEMA)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Integer, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from drcredit.scoring.errors import NotFound, NotReady
@@ -41,13 +41,18 @@ def progress(s: Session, group_pk: int) -> dict[str, int]:
         ).all()
     )
     calls, hits = s.execute(
-        select(func.count(), func.coalesce(func.sum(m.Judgment.cache_hit.cast(m.Integer)), 0)).where(
+        select(func.count(), func.coalesce(func.sum(m.Judgment.cache_hit.cast(Integer)), 0)).where(
             m.Judgment.group_pk == group_pk, m.Judgment.status.in_(("ok", "failed"))
         )
     ).one()
-    planned = s.scalar(
-        select(func.count()).select_from(m.WorkUnit).where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "snippet")
-    ) or 0
+    planned = (
+        s.scalar(
+            select(func.count())
+            .select_from(m.WorkUnit)
+            .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "snippet")
+        )
+        or 0
+    )
     chain_visits = _planned_visit_judgments(s, group_pk)
     done = counts.get("ok", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
     return {
@@ -75,7 +80,8 @@ def _planned_visit_judgments(s: Session, group_pk: int) -> int:
         if any(not p.get("error") and (p.get("evidence") or "").strip() for p in pages):
             usable[rollout_id] = usable.get(rollout_id, 0) + 1
     chains = s.execute(
-        select(m.WorkUnit.rollout_id, func.count()).where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "visit_chain")
+        select(m.WorkUnit.rollout_id, func.count())
+        .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "visit_chain")
         .group_by(m.WorkUnit.rollout_id)
     ).all()
     return sum(usable.get(rollout_id, 0) * n for rollout_id, n in chains)
@@ -115,19 +121,23 @@ def advantages_document(group: m.Group) -> dict[str, Any]:
         turns = []
         for t in r.turns:
             final = t.type == "answer"
-            turns.append({
-                "index": t.index,
-                "type": t.type,
-                "credit": None if final else t.credit,
-                "process_advantage": None if final else t.process_advantage,
-                "advantage": t.advantage,
-            })
-        rollouts.append({
-            "id": r.rollout_id,
-            "outcome_reward": r.outcome_reward,
-            "outcome_advantage": r.outcome_advantage,
-            "turns": turns,
-        })
+            turns.append(
+                {
+                    "index": t.index,
+                    "type": t.type,
+                    "credit": None if final else t.credit,
+                    "process_advantage": None if final else t.process_advantage,
+                    "advantage": t.advantage,
+                }
+            )
+        rollouts.append(
+            {
+                "id": r.rollout_id,
+                "outcome_reward": r.outcome_reward,
+                "outcome_advantage": r.outcome_advantage,
+                "turns": turns,
+            }
+        )
     return {
         "group_id": group.group_id,
         "status": group.status,
@@ -142,7 +152,8 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
     """Per turn: the credit parts, every judgment, and each rubric's support history."""
     require_done(group)
     judgments = s.scalars(
-        select(m.Judgment).where(m.Judgment.group_pk == group.id)
+        select(m.Judgment)
+        .where(m.Judgment.group_pk == group.id)
         .options(selectinload(m.Judgment.attempts))
         .order_by(m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.rubric_id)
     ).all()
@@ -150,22 +161,32 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
     for j in judgments:
         by_turn.setdefault((j.rollout_id, j.turn_index), []).append(j)
     points = s.scalars(
-        select(m.SupportPoint).where(m.SupportPoint.group_pk == group.id)
+        select(m.SupportPoint)
+        .where(m.SupportPoint.group_pk == group.id)
         .order_by(m.SupportPoint.rollout_id, m.SupportPoint.rubric_id, m.SupportPoint.position)
     ).all()
     histories: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for p in points:
-        histories.setdefault(p.rollout_id, {}).setdefault(p.rubric_id, []).append({"turn_index": p.turn_index, "text": p.text})
+        histories.setdefault(p.rollout_id, {}).setdefault(p.rubric_id, []).append(
+            {"turn_index": p.turn_index, "text": p.text}
+        )
     rollouts = []
     for r in group.rollouts:
         turns = []
         for t in r.turns:
-            entry: dict[str, Any] = {"index": t.index, "type": t.type, "credit": None if t.type == "answer" else t.credit}
+            entry: dict[str, Any] = {
+                "index": t.index,
+                "type": t.type,
+                "credit": None if t.type == "answer" else t.credit,
+            }
             if t.type == "visit":
                 entry.update(visit_credit=t.visit_credit, visit_credit_uncapped=t.visit_credit_uncapped)
             if t.type == "search":
-                entry.update(navigation_credit=t.navigation_credit, snippet_credit=t.snippet_credit,
-                             snippet_matches=t.snippet_matches)
+                entry.update(
+                    navigation_credit=t.navigation_credit,
+                    snippet_credit=t.snippet_credit,
+                    snippet_matches=t.snippet_matches,
+                )
             entry["judgments"] = [_judgment(j) for j in by_turn.get((r.rollout_id, t.index), [])]
             turns.append(entry)
         rollouts.append({"id": r.rollout_id, "turns": turns, "support_histories": histories.get(r.rollout_id, {})})
@@ -175,8 +196,13 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
 def _judgment(j: m.Judgment) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": j.kind, "status": j.status}
     if j.kind == "visit":
-        out.update(rubric_id=j.rubric_id, level=j.level, page_ids=j.page_ids or [], support_points=j.support_points or [],
-                   prior_support_points=j.prior_support)
+        out.update(
+            rubric_id=j.rubric_id,
+            level=j.level,
+            page_ids=j.page_ids or [],
+            support_points=j.support_points or [],
+            prior_support_points=j.prior_support,
+        )
     else:
         out.update(match_count=j.match_count, matches=j.matches or [], rejected_matches=j.rejected_matches or [])
     out.update(
@@ -187,7 +213,8 @@ def _judgment(j: m.Judgment) -> dict[str, Any]:
         latency_s=j.latency_s,
         prompt_tokens=j.prompt_tokens,
         completion_tokens=j.completion_tokens,
-        attempts=[{"number": a.number, "outcome": a.outcome, "error": a.error, "latency_s": a.latency_s}
-                  for a in j.attempts],
+        attempts=[
+            {"number": a.number, "outcome": a.outcome, "error": a.error, "latency_s": a.latency_s} for a in j.attempts
+        ],
     )
     return out

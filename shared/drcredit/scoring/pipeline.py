@@ -9,6 +9,7 @@ in the ``groups`` row and the unit that finishes last schedules the aggregation,
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -19,12 +20,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from drcredit import metrics
 from drcredit.domain.advantages import group_advantages
+from drcredit.domain.batch import BatchIn
 from drcredit.domain.credit import (
     Judgments,
     SnippetTask,
@@ -34,7 +36,6 @@ from drcredit.domain.credit import (
     snippet_decision,
     visit_credit,
 )
-from drcredit.domain.batch import BatchIn
 from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric, VisitTurn
 from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import (
@@ -101,12 +102,14 @@ class Pipeline:
                 .values(status="queued")
             )
             waiting = s.execute(
-                select(m.WorkUnit.group_pk, m.WorkUnit.rollout_id).where(
-                    m.WorkUnit.group_pk.in_(groups), m.WorkUnit.status == "waiting"
-                ).distinct()
+                select(m.WorkUnit.group_pk, m.WorkUnit.rollout_id)
+                .where(m.WorkUnit.group_pk.in_(groups), m.WorkUnit.status == "waiting")
+                .distinct()
             ).all()
             s.execute(
-                update(m.Group).where(m.Group.id.in_(groups), m.Group.aggregation == "enqueued").values(aggregation="pending")
+                update(m.Group)
+                .where(m.Group.id.in_(groups), m.Group.aggregation == "enqueued")
+                .values(aggregation="pending")
             )
         queued = 0
         for group_pk in groups:
@@ -231,10 +234,14 @@ class Pipeline:
             )
             if row is None:
                 raise NotFound(f"group {group_id!r} not found")
-            existing = s.scalar(select(m.Rollout).where(m.Rollout.group_pk == row.id, m.Rollout.rollout_id == rollout.id))
+            existing = s.scalar(
+                select(m.Rollout).where(m.Rollout.group_pk == row.id, m.Rollout.rollout_id == rollout.id)
+            )
             if existing is not None:
                 if existing.content_hash != rollout_hash(rollout):
-                    raise Conflict(f"rollout {rollout.id!r} already exists in group {group_id!r} with different content")
+                    raise Conflict(
+                        f"rollout {rollout.id!r} already exists in group {group_id!r} with different content"
+                    )
                 return Submitted(row.id, row.group_id, row.status, False), False
             if row.rollouts_received >= row.expected_rollouts:
                 raise Conflict(f"group {group_id!r} already has all {row.expected_rollouts} rollouts")
@@ -246,7 +253,9 @@ class Pipeline:
                 if all(has) and rollout.outcome_reward is None:
                     raise _reward_error("missing; the group's other rollouts have an outcome_reward")
                 if not any(has) and rollout.outcome_reward is not None:
-                    raise _reward_error("given, but the group's other rollouts have none; give it on every rollout or on none")
+                    raise _reward_error(
+                        "given, but the group's other rollouts have none; give it on every rollout or on none"
+                    )
             content = GroupContent.model_validate({"question": row.question, "rubrics": row.rubrics, "rollouts": []})
             self._store_rollout(s, row, content, rollout, row.rollouts_received)
             submitted = Submitted(row.id, row.group_id, row.status, True)
@@ -254,7 +263,9 @@ class Pipeline:
         self._maybe_aggregate(row.id)
         return submitted, True
 
-    def _store_rollout(self, s: Session, group: m.Group, content: GroupContent, rollout: Rollout, position: int) -> None:
+    def _store_rollout(
+        self, s: Session, group: m.Group, content: GroupContent, rollout: Rollout, position: int
+    ) -> None:
         params = params_of(group)
         rollout_row = m.Rollout(
             group_pk=group.id,
@@ -273,21 +284,47 @@ class Pipeline:
         positive = content.positive_rubrics
         for t in plan.deterministic_zero_visits:
             for rubric in positive:
-                s.add(m.Judgment(group_pk=group.id, kind="visit", rollout_id=rollout.id, turn_index=t,
-                                 rubric_id=rubric.id, status="deterministic", level=0, prior_support=None))
+                s.add(
+                    m.Judgment(
+                        group_pk=group.id,
+                        kind="visit",
+                        rollout_id=rollout.id,
+                        turn_index=t,
+                        rubric_id=rubric.id,
+                        status="deterministic",
+                        level=0,
+                        prior_support=None,
+                    )
+                )
                 metrics.DETERMINISTIC_ZEROS.inc()
         units = 0
         for chain in plan.chains:
-            s.add(m.WorkUnit(group_pk=group.id, kind="visit_chain", unit_key=f"{rollout.id}\x1f{chain.rubric_id}",
-                             rollout_id=rollout.id, rubric_id=chain.rubric_id, status="queued"))
+            s.add(
+                m.WorkUnit(
+                    group_pk=group.id,
+                    kind="visit_chain",
+                    unit_key=f"{rollout.id}\x1f{chain.rubric_id}",
+                    rollout_id=rollout.id,
+                    rubric_id=chain.rubric_id,
+                    status="queued",
+                )
+            )
             units += 1
         known = {t: 0.0 for t in plan.deterministic_zero_visits}
         done = 0
         for task in plan.snippet_tasks:
             decision = snippet_decision(task, known, params)
             status = {"call": "queued", "wait": "waiting", "skip": "done"}[decision]
-            s.add(m.WorkUnit(group_pk=group.id, kind="snippet", unit_key=f"{rollout.id}\x1f{task.turn_index}",
-                             rollout_id=rollout.id, turn_index=task.turn_index, status=status))
+            s.add(
+                m.WorkUnit(
+                    group_pk=group.id,
+                    kind="snippet",
+                    unit_key=f"{rollout.id}\x1f{task.turn_index}",
+                    rollout_id=rollout.id,
+                    turn_index=task.turn_index,
+                    status=status,
+                )
+            )
             units += 1
             if decision == "skip":
                 self._add_skipped(s, group.id, rollout.id, task.turn_index)
@@ -301,14 +338,17 @@ class Pipeline:
     def _dispatch_queued(self, group_pk: int) -> int:
         with self.db.session() as s:
             rows = s.execute(
-                select(m.WorkUnit.id, m.WorkUnit.kind).where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status == "queued")
+                select(m.WorkUnit.id, m.WorkUnit.kind).where(
+                    m.WorkUnit.group_pk == group_pk, m.WorkUnit.status == "queued"
+                )
             ).all()
         self.dispatcher.dispatch([UnitRef(kind, unit_id, group_pk) for unit_id, kind in rows])  # type: ignore[arg-type]
         return len(rows)
 
     def _maybe_aggregate(self, group_pk: int) -> None:
         with self.db.session() as s:
-            flipped = s.execute(
+            flipped = _changed(
+                s,
                 update(m.Group)
                 .where(
                     m.Group.id == group_pk,
@@ -317,8 +357,8 @@ class Pipeline:
                     m.Group.rollouts_received == m.Group.expected_rollouts,
                     m.Group.status.in_(("queued", "running")),
                 )
-                .values(aggregation="enqueued")
-            ).rowcount
+                .values(aggregation="enqueued"),
+            )
         if flipped:
             self.dispatcher.dispatch_aggregation(group_pk)
 
@@ -365,7 +405,8 @@ class Pipeline:
             unit.attempts += 1
             if group.status == "queued":
                 s.execute(
-                    update(m.Group).where(m.Group.id == group.id, m.Group.status == "queued")
+                    update(m.Group)
+                    .where(m.Group.id == group.id, m.Group.status == "queued")
                     .values(status="running", started_at=now())
                 )
             s.expunge(unit)
@@ -399,7 +440,7 @@ class Pipeline:
                 visit_index=visit_number[t],
             )
             key = self.judge.visit_prompt(request).cache_key(self.judge.model)
-            result, cached = self._judge_once(group_pk, key, "visit", lambda: self.judge.judge_visit(request))
+            result, cached = self._judge_once(group_pk, key, "visit", functools.partial(self.judge.judge_visit, request))
             stored = self._store_visit(group_pk, rollout.id, rubric.id, t, len(history), key, result, cached)
             if not stored:
                 done, history = self._chain_state(group_pk, rollout.id, rubric.id)
@@ -407,7 +448,10 @@ class Pipeline:
             if result.status == "ok" and result.verdict is not None and result.verdict.level > 0:
                 history.extend(result.verdict.support_points)
             if result.status == "failed" and params.on_judge_failure == "fail":
-                self.fail_group(group_pk, f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}")
+                self.fail_group(
+                    group_pk,
+                    f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}",
+                )
                 return False
             self._release_snippets(group_pk, rollout.id)
         self._finish_unit(unit_id, group_pk)
@@ -422,8 +466,10 @@ class Pipeline:
         with self.db.session() as s:
             exists = s.scalar(
                 select(m.Judgment.id).where(
-                    m.Judgment.group_pk == group_pk, m.Judgment.kind == "snippet",
-                    m.Judgment.rollout_id == unit.rollout_id, m.Judgment.turn_index == unit.turn_index,
+                    m.Judgment.group_pk == group_pk,
+                    m.Judgment.kind == "snippet",
+                    m.Judgment.rollout_id == unit.rollout_id,
+                    m.Judgment.turn_index == unit.turn_index,
                 )
             )
         if exists is None:
@@ -435,16 +481,19 @@ class Pipeline:
             result, cached = self._judge_once(group_pk, key, "snippet", lambda: self.judge.judge_snippets(request))
             self._store_snippet(group_pk, rollout.id, task.turn_index, key, result, cached)
             if result.status == "failed" and params.on_judge_failure == "fail":
-                self.fail_group(group_pk, f"snippet judgment failed (rollout {rollout.id}, turn {task.turn_index}): {result.failure_reason}")
+                self.fail_group(
+                    group_pk,
+                    f"snippet judgment failed (rollout {rollout.id}, turn {task.turn_index}): {result.failure_reason}",
+                )
                 return False
         self._finish_unit(unit_id, group_pk)
         return True
 
     def _finish_unit(self, unit_id: int, group_pk: int) -> None:
         with self.db.session() as s:
-            changed = s.execute(
-                update(m.WorkUnit).where(m.WorkUnit.id == unit_id, m.WorkUnit.status != "done").values(status="done")
-            ).rowcount
+            changed = _changed(
+                s, update(m.WorkUnit).where(m.WorkUnit.id == unit_id, m.WorkUnit.status != "done").values(status="done")
+            )
             if changed:
                 s.execute(update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1))
         self._maybe_aggregate(group_pk)
@@ -460,10 +509,14 @@ class Pipeline:
         """
         with self.db.session() as s:
             row = s.scalars(
-                select(m.Judgment).where(
-                    m.Judgment.group_pk == group_pk, m.Judgment.request_key == key, m.Judgment.status == "ok",
+                select(m.Judgment)
+                .where(
+                    m.Judgment.group_pk == group_pk,
+                    m.Judgment.request_key == key,
+                    m.Judgment.status == "ok",
                     m.Judgment.cache_hit.is_(False),
-                ).limit(1)
+                )
+                .limit(1)
             ).first()
             if row is not None:
                 metrics.JUDGE_CACHE_HITS.labels(kind).inc()
@@ -494,23 +547,39 @@ class Pipeline:
 
     def _chain_state(self, group_pk: int, rollout_id: str, rubric_id: str) -> tuple[set[int], list[str]]:
         with self.db.session() as s:
-            done = set(s.scalars(
-                select(m.Judgment.turn_index).where(
-                    m.Judgment.group_pk == group_pk, m.Judgment.kind == "visit",
-                    m.Judgment.rollout_id == rollout_id, m.Judgment.rubric_id == rubric_id,
+            done = set(
+                s.scalars(
+                    select(m.Judgment.turn_index).where(
+                        m.Judgment.group_pk == group_pk,
+                        m.Judgment.kind == "visit",
+                        m.Judgment.rollout_id == rollout_id,
+                        m.Judgment.rubric_id == rubric_id,
+                    )
                 )
-            ))
-            history = list(s.scalars(
-                select(m.SupportPoint.text).where(
-                    m.SupportPoint.group_pk == group_pk, m.SupportPoint.rollout_id == rollout_id,
-                    m.SupportPoint.rubric_id == rubric_id,
-                ).order_by(m.SupportPoint.position)
-            ))
+            )
+            history = list(
+                s.scalars(
+                    select(m.SupportPoint.text)
+                    .where(
+                        m.SupportPoint.group_pk == group_pk,
+                        m.SupportPoint.rollout_id == rollout_id,
+                        m.SupportPoint.rubric_id == rubric_id,
+                    )
+                    .order_by(m.SupportPoint.position)
+                )
+            )
         return done, history
 
     def _store_visit(
-        self, group_pk: int, rollout_id: str, rubric_id: str, turn_index: int, prior: int,
-        key: str, result: JudgeResult[VisitVerdict], cached: bool,
+        self,
+        group_pk: int,
+        rollout_id: str,
+        rubric_id: str,
+        turn_index: int,
+        prior: int,
+        key: str,
+        result: JudgeResult[VisitVerdict],
+        cached: bool,
     ) -> bool:
         verdict = result.verdict
         row = _judgment_row(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
@@ -523,15 +592,27 @@ class Pipeline:
                 s.add(row)
                 s.flush()
                 if verdict is not None and verdict.level > 0:
-                    start = s.scalar(
-                        select(func.count()).select_from(m.SupportPoint).where(
-                            m.SupportPoint.group_pk == group_pk, m.SupportPoint.rollout_id == rollout_id,
-                            m.SupportPoint.rubric_id == rubric_id,
+                    start = (
+                        s.scalar(
+                            select(func.count())
+                            .select_from(m.SupportPoint)
+                            .where(
+                                m.SupportPoint.group_pk == group_pk,
+                                m.SupportPoint.rollout_id == rollout_id,
+                                m.SupportPoint.rubric_id == rubric_id,
+                            )
                         )
-                    ) or 0
+                        or 0
+                    )
                     s.add_all(
-                        m.SupportPoint(group_pk=group_pk, rollout_id=rollout_id, rubric_id=rubric_id,
-                                       position=start + i, turn_index=turn_index, text=point)
+                        m.SupportPoint(
+                            group_pk=group_pk,
+                            rollout_id=rollout_id,
+                            rubric_id=rubric_id,
+                            position=start + i,
+                            turn_index=turn_index,
+                            text=point,
+                        )
                         for i, point in enumerate(verdict.support_points)
                     )
         except IntegrityError:
@@ -540,8 +621,13 @@ class Pipeline:
         return True
 
     def _store_snippet(
-        self, group_pk: int, rollout_id: str, turn_index: int, key: str,
-        result: JudgeResult[SnippetVerdict], cached: bool,
+        self,
+        group_pk: int,
+        rollout_id: str,
+        turn_index: int,
+        key: str,
+        result: JudgeResult[SnippetVerdict],
+        cached: bool,
     ) -> bool:
         row = _judgment_row(group_pk, "snippet", rollout_id, turn_index, "", key, result, cached)
         verdict = result.verdict
@@ -566,8 +652,10 @@ class Pipeline:
         with self.db.session() as s:
             waiting = s.scalars(
                 select(m.WorkUnit).where(
-                    m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "snippet",
-                    m.WorkUnit.rollout_id == rollout_id, m.WorkUnit.status == "waiting",
+                    m.WorkUnit.group_pk == group_pk,
+                    m.WorkUnit.kind == "snippet",
+                    m.WorkUnit.rollout_id == rollout_id,
+                    m.WorkUnit.status == "waiting",
                 )
             ).all()
             if not waiting:
@@ -583,9 +671,12 @@ class Pipeline:
                 if decision == "wait":
                     continue
                 target = "queued" if decision == "call" else "done"
-                changed = s.execute(
-                    update(m.WorkUnit).where(m.WorkUnit.id == unit.id, m.WorkUnit.status == "waiting").values(status=target)
-                ).rowcount
+                changed = _changed(
+                    s,
+                    update(m.WorkUnit)
+                    .where(m.WorkUnit.id == unit.id, m.WorkUnit.status == "waiting")
+                    .values(status=target),
+                )
                 if not changed:
                     continue
                 if decision == "call":
@@ -600,7 +691,9 @@ class Pipeline:
             self._maybe_aggregate(group_pk)
 
     @staticmethod
-    def _known_visit_credits(s: Session, group_pk: int, rollout_id: str, n_rubrics: int, params: ScoringParams) -> dict[int, float]:
+    def _known_visit_credits(
+        s: Session, group_pk: int, rollout_id: str, n_rubrics: int, params: ScoringParams
+    ) -> dict[int, float]:
         levels: dict[int, list[int]] = {}
         for turn_index, level in s.execute(
             select(m.Judgment.turn_index, m.Judgment.level).where(
@@ -612,8 +705,17 @@ class Pipeline:
 
     @staticmethod
     def _add_skipped(s: Session, group_pk: int, rollout_id: str, turn_index: int) -> None:
-        s.add(m.Judgment(group_pk=group_pk, kind="snippet", rollout_id=rollout_id, turn_index=turn_index,
-                         rubric_id="", status="skipped", match_count=None))
+        s.add(
+            m.Judgment(
+                group_pk=group_pk,
+                kind="snippet",
+                rollout_id=rollout_id,
+                turn_index=turn_index,
+                rubric_id="",
+                status="skipped",
+                match_count=None,
+            )
+        )
         metrics.SNIPPET_SKIPS.inc()
 
     # ================================================================== aggregation
@@ -644,8 +746,13 @@ class Pipeline:
                     turn_row.process_advantage = ta.process_advantage
                     turn_row.advantage = ta.advantage
             st = advantages.stats
-            group.stats = {"mu_rg": st.mu_rg, "sigma_rg": st.sigma_rg, "mu_o": st.mu_o, "sigma_o": st.sigma_o,
-                           "research_turns": st.research_turns}
+            group.stats = {
+                "mu_rg": st.mu_rg,
+                "sigma_rg": st.sigma_rg,
+                "mu_o": st.mu_o,
+                "sigma_o": st.sigma_o,
+                "research_turns": st.research_turns,
+            }
             group.status, group.aggregation, group.finished_at = "done", "done", now()
             if group.started_at is None:
                 group.started_at = group.finished_at
@@ -656,10 +763,12 @@ class Pipeline:
 
     def fail_group(self, group_pk: int, reason: str) -> None:
         with self.db.session() as s:
-            changed = s.execute(
-                update(m.Group).where(m.Group.id == group_pk, m.Group.status.in_(("queued", "running")))
-                .values(status="failed", error=reason, finished_at=now())
-            ).rowcount
+            changed = _changed(
+                s,
+                update(m.Group)
+                .where(m.Group.id == group_pk, m.Group.status.in_(("queued", "running")))
+                .values(status="failed", error=reason, finished_at=now()),
+            )
         if changed:
             metrics.GROUPS_FINISHED.labels("failed").inc()
             log.warning("group failed: %s", reason, extra={"group_pk": group_pk})
@@ -695,8 +804,15 @@ def judgments_of(s: Session, group_pk: int) -> Judgments:
     visit: dict[tuple[str, int, str], int] = {}
     snippet: dict[tuple[str, int], int] = {}
     for kind, rollout_id, turn_index, rubric_id, status, level, count in s.execute(
-        select(m.Judgment.kind, m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.rubric_id,
-               m.Judgment.status, m.Judgment.level, m.Judgment.match_count).where(m.Judgment.group_pk == group_pk)
+        select(
+            m.Judgment.kind,
+            m.Judgment.rollout_id,
+            m.Judgment.turn_index,
+            m.Judgment.rubric_id,
+            m.Judgment.status,
+            m.Judgment.level,
+            m.Judgment.match_count,
+        ).where(m.Judgment.group_pk == group_pk)
     ):
         if kind == "visit":
             visit[(rollout_id, turn_index, rubric_id)] = (level or 0) if status in ("ok", "deterministic") else 0
@@ -727,13 +843,28 @@ def _snippet_task(content: GroupContent, rollout: Rollout, turn_index: int, para
 
 
 def _judgment_row(
-    group_pk: int, kind: str, rollout_id: str, turn_index: int, rubric_id: str, key: str,
-    result: JudgeResult[Any], cached: bool,
+    group_pk: int,
+    kind: str,
+    rollout_id: str,
+    turn_index: int,
+    rubric_id: str,
+    key: str,
+    result: JudgeResult[Any],
+    cached: bool,
 ) -> m.Judgment:
     row = m.Judgment(
-        group_pk=group_pk, kind=kind, rollout_id=rollout_id, turn_index=turn_index, rubric_id=rubric_id,
-        status=result.status, answer=result.answer, request_key=key, cache_hit=cached,
-        backend=result.backend, model=result.model, failure_reason=result.failure_reason,
+        group_pk=group_pk,
+        kind=kind,
+        rollout_id=rollout_id,
+        turn_index=turn_index,
+        rubric_id=rubric_id,
+        status=result.status,
+        answer=result.answer,
+        request_key=key,
+        cache_hit=cached,
+        backend=result.backend,
+        model=result.model,
+        failure_reason=result.failure_reason,
         latency_s=0.0 if cached else result.latency_s,
         prompt_tokens=0 if cached else result.prompt_tokens,
         completion_tokens=0 if cached else result.completion_tokens,
@@ -741,8 +872,14 @@ def _judgment_row(
     )
     if not cached:
         row.attempts = [
-            m.JudgmentAttempt(number=a.number, outcome=a.outcome, error=a.error, latency_s=a.latency_s,
-                              prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens)
+            m.JudgmentAttempt(
+                number=a.number,
+                outcome=a.outcome,
+                error=a.error,
+                latency_s=a.latency_s,
+                prompt_tokens=a.prompt_tokens,
+                completion_tokens=a.completion_tokens,
+            )
             for a in result.attempts
         ]
     return row
@@ -751,7 +888,9 @@ def _judgment_row(
 def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:
     verdict: Any
     if row.kind == "visit":
-        verdict = VisitVerdict(row.level or 0, tuple(row.page_ids or ()), tuple(row.support_points or ()), row.rationale or "")
+        verdict = VisitVerdict(
+            row.level or 0, tuple(row.page_ids or ()), tuple(row.support_points or ()), row.rationale or ""
+        )
     else:
         verdict = SnippetVerdict(
             tuple(SnippetMatch(**x) for x in row.matches or ()),
@@ -769,6 +908,12 @@ def _observe(result: JudgeResult[Any]) -> None:
         metrics.JUDGE_ATTEMPTS.labels(result.backend, result.kind, attempt.outcome).inc()
 
 
+def _changed(s: Session, statement: Any) -> int:
+    """Rows an UPDATE changed: conditional updates are how units claim transitions."""
+    result: CursorResult[Any] = s.execute(statement)  # type: ignore[assignment]
+    return result.rowcount
+
+
 def _aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
@@ -777,4 +922,3 @@ def _reward_error(message: str) -> Exception:
     from drcredit.domain.errors import FieldError, InvalidInput
 
     return InvalidInput([FieldError("outcome_reward", message)])
-

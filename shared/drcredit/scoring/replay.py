@@ -32,7 +32,13 @@ def replay(s: Session, group: m.Group, overrides: dict[str, Any]) -> dict[str, A
     params = ScoringParams.model_validate(merged)
     for name in JUDGMENT_PARAMETERS:
         if getattr(params, name) != getattr(reference_params, name):
-            raise InvalidInput([FieldError(f"params.{name}", "changes what the judge is asked; re-post the group instead of replaying")])
+            raise InvalidInput(
+                [
+                    FieldError(
+                        f"params.{name}", "changes what the judge is asked; re-post the group instead of replaying"
+                    )
+                ]
+            )
     content = content_of(group)
     judgments = judgments_of(s, group.id)
     reference = group_advantages(content, group_credits(content, judgments, reference_params), reference_params)
@@ -77,11 +83,22 @@ def _rollouts(adv: GroupAdvantages, credits: list[RolloutCredits]) -> list[dict[
     for ra, rc in zip(adv.rollouts, credits, strict=True):
         turns = []
         for ta, tc in zip(ra.turns, rc.turns, strict=True):
-            turn: dict[str, Any] = {"index": ta.index, "type": ta.type, "credit": ta.credit,
-                                    "process_advantage": ta.process_advantage, "advantage": ta.advantage}
+            turn: dict[str, Any] = {
+                "index": ta.index,
+                "type": ta.type,
+                "credit": ta.credit,
+                "process_advantage": ta.process_advantage,
+                "advantage": ta.advantage,
+            }
             if tc.bounded:
                 turn["credit_upper_bound"] = tc.credit_upper_bound
             turns.append(turn)
-        out.append({"id": ra.rollout_id, "outcome_reward": ra.outcome_reward,
-                    "outcome_advantage": ra.outcome_advantage, "turns": turns})
+        out.append(
+            {
+                "id": ra.rollout_id,
+                "outcome_reward": ra.outcome_reward,
+                "outcome_advantage": ra.outcome_advantage,
+                "turns": turns,
+            }
+        )
     return out

@@ -1,0 +1,224 @@
+"""The scoring pipeline in embedded mode: history, scheduling, call economy, restarts.
+
+The judge is the real ``openai`` backend talking HTTP to a scripted server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from drcredit.domain.group import GroupIn
+from drcredit.scoring import documents
+from drcredit.scoring.dispatch import InProcessDispatcher
+from drcredit.scoring.runtime import Runtime
+from tests.support.api import settings_for
+from tests.support.builders import answer, group, page, rollout, rubric, search, visit
+from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
+
+
+@contextmanager
+def runtime(tmp_path: Path, judge: JudgeServer, **overrides: Any) -> Iterator[Runtime]:
+    rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'db.sqlite3'}", judge.url, **overrides))
+    try:
+        yield rt
+    finally:
+        rt.close()
+
+
+def score(rt: Runtime, g: GroupIn, timeout: float = 30) -> dict[str, Any]:
+    sub = rt.pipeline.submit_group("t", g)
+    assert isinstance(rt.dispatcher, InProcessDispatcher)
+    deadline = time.monotonic() + timeout
+    while True:
+        rt.dispatcher.wait_idle(timeout=0.5)
+        with rt.db.session() as s:
+            row = documents.find_group(s, "t", sub.group_id, full=True)
+            if row.status in ("done", "failed"):
+                assert row.status == "done", row.error
+                return {
+                    "advantages": documents.advantages_document(row),
+                    "credits": documents.credits_document(s, row),
+                    "progress": documents.progress(s, row.id),
+                }
+        assert time.monotonic() < deadline, "group did not finish"
+
+
+def levels(doc: dict[str, Any], rollout_id: str) -> list[dict[str, int]]:
+    ro = next(r for r in doc["credits"]["rollouts"] if r["id"] == rollout_id)
+    return [{j["rubric_id"]: j["level"] for j in t["judgments"] if j["kind"] == "visit"} for t in ro["turns"]]
+
+
+REPEAT = group(
+    rollout(
+        "a",
+        visit(page("W1", "https://x.org/1", "[R1:2:fact-1]")),
+        visit(page("W2", "https://y.org/2", "same [R1:2:fact-1]")),
+        visit(page("W3", "https://z.org/3", "[R1:1:fact-2] and [R1:2:fact-1]")),
+        answer(),
+        reward=1.0,
+    ),
+    rollout("b", visit(page("W1", "https://y.org/2", "same [R1:2:fact-1]")), answer(), reward=0.0),
+)
+
+
+def test_history_makes_repeated_support_worth_nothing(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    """a: fact-1 at t0 (level 2), again at t1 (0: already in history), t2 adds fact-2 (1).
+    b has its own empty history, so the same page is level 2 there."""
+    with runtime(tmp_path, marker_judge) as rt:
+        doc = score(rt, REPEAT)
+    assert levels(doc, "a")[:3] == [{"R1": 2}, {"R1": 0}, {"R1": 1}]
+    assert levels(doc, "b")[0] == {"R1": 2}
+    history = doc["credits"]["rollouts"][0]["support_histories"]["R1"]
+    assert [(h["turn_index"], h["text"]) for h in history] == [(0, "fact-1"), (2, "fact-2")]
+    # The judge saw a's history as it stood before each visit: the t1 and t2 calls
+    # (the only calls with turn index > 0) carry fact-1 and nothing else.
+    later = [c.document for c in marker_judge.calls if c.document["current_visit_turn"]["research_turn_index"] > 0]
+    assert [d["prior_confirmed_support_points_for_this_rubric"] for d in later] == [["fact-1"], ["fact-1"]]
+
+
+def test_without_history_the_judge_sees_no_prior_support(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    g = REPEAT.model_copy(update={"params": REPEAT.params.model_copy(update={"history": False})})
+    with runtime(tmp_path, marker_judge) as rt:
+        doc = score(rt, g)
+    assert levels(doc, "a")[:3] == [{"R1": 2}, {"R1": 2}, {"R1": 2}]
+    assert all(
+        c.document["prior_confirmed_support_points_for_this_rubric"] == []
+        for c in marker_judge.calls
+        if c.kind == "visit"
+    )
+
+
+def test_deterministic_zeros_and_penalty_rubrics_make_no_call(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    g = group(
+        rollout(
+            "a",
+            visit(page("W1", "https://x.org", "", error="404")),
+            visit(page("W2", "https://y.org", "  ")),
+            visit(page("W3", "https://z.org", "[R1:1:p]")),
+            reward=1.0,
+        ),
+        rollout("b", answer(), reward=0.0),
+        rubrics=[rubric("R1"), rubric("PEN", weight=-2.0)],
+    )
+    with runtime(tmp_path, marker_judge) as rt:
+        doc = score(rt, g)
+    assert marker_judge.count() == 1
+    assert doc["progress"]["deterministic_zeros"] == 2 and doc["progress"]["judge_calls"] == 1
+    assert [t["credit"] for t in doc["advantages"]["rollouts"][0]["turns"]] == [0.0, 0.0, 0.2]
+
+
+def saturating_group(**params: Any) -> GroupIn:
+    # The visit of S1's URL earns 1.0 (levels 2 + 2), saturating the search: its unvisited
+    # S2 snippet needs no judge call unless skipping is switched off.
+    return group(
+        rollout(
+            "a",
+            search(("S1", "https://x.org/1"), ("S2", "https://n.org/1", "[R1] fact")),
+            visit(page("W1", "https://x.org/1", "[R1:2:a] [R2:2:b]")),
+            reward=1.0,
+        ),
+        rollout("b", search(("S1", "https://n.org/2", "[R2] other")), reward=0.0),
+        rubrics=[rubric("R1"), rubric("R2")],
+        params=params or None,
+    )
+
+
+def test_saturated_snippet_calls_are_skipped(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    with runtime(tmp_path, marker_judge) as rt:
+        doc = score(rt, saturating_group())
+    assert marker_judge.count("snippet") == 1  # only b's search
+    assert doc["progress"]["snippet_calls_skipped"] == 1
+    assert [t["credit"] for t in doc["advantages"]["rollouts"][0]["turns"]] == [1.0, 1.0]
+
+
+def test_snippet_call_waits_only_while_saturation_is_undecided(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    with runtime(tmp_path, marker_judge) as rt:
+        doc = score(rt, saturating_group(skip_saturated_snippets=False))
+    assert marker_judge.count("snippet") == 2
+    search_turn = doc["credits"]["rollouts"][0]["turns"][0]
+    assert search_turn["snippet_matches"] == 1 and search_turn["credit"] == 1.0
+
+
+def test_identical_requests_in_a_group_are_made_once(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    """Two rollouts whose first visit is identical (same turn, pages, empty history) share
+    one judgment per rubric; the second is stored as a cache hit."""
+    first = visit(page("W1", "https://x.org/1", "[R1:2:a]"))
+    g = group(
+        rollout("a", first, answer(), reward=1.0),
+        rollout("b", first, answer(), reward=0.0),
+        rollout("c", first, visit(page("W2", "https://y.org", "[R1:1:c]")), reward=0.5),
+    )
+    with runtime(tmp_path, marker_judge) as rt:
+        doc = score(rt, g)
+    assert marker_judge.count("visit") == 2  # one shared first visit + c's second visit
+    assert doc["progress"]["cache_hits"] == 2 and doc["progress"]["judge_calls"] == 2
+    assert [levels(doc, r)[0] for r in "abc"] == [{"R1": 2}] * 3
+
+
+def test_chains_run_concurrently_up_to_the_limit(tmp_path: Path) -> None:
+    def script(call: Call) -> Reply:
+        return Reply.json(marker_answer(call), delay=0.2)
+
+    g = group(
+        *[
+            rollout(
+                f"r{i}",
+                visit(page("W1", f"https://x.org/{i}", f"[R1:2:p{i}]")),
+                visit(page("W2", f"https://y.org/{i}", f"[R1:1:q{i}]")),
+                reward=float(i),
+            )
+            for i in range(8)
+        ]
+    )
+    with running_judge(script) as server, runtime(tmp_path, server, judge_concurrency=4) as rt:
+        score(rt, g)
+    assert 2 <= server.peak_in_flight <= 4
+    order: dict[str, list[int]] = {}
+    for c in server.calls:
+        order.setdefault(c.document["current_visit_turn"]["pages"][0]["url"].split("/")[-1], []).append(
+            c.document["current_visit_turn"]["research_turn_index"]
+        )
+    assert all(v == sorted(v) for v in order.values())
+
+
+def test_restart_resumes_without_repeating_answered_calls(tmp_path: Path) -> None:
+    def slow(call: Call) -> Reply:
+        return Reply.json(marker_answer(call), delay=0.15)
+
+    g = group(
+        *[
+            rollout(
+                f"r{i}",
+                *[visit(page(f"W{k}", f"https://x.org/{i}/{k}", f"[R1:1:p{k}]")) for k in range(4)],
+                reward=float(i),
+            )
+            for i in range(3)
+        ]
+    )
+    with running_judge(slow) as server:
+        with runtime(tmp_path, server, judge_concurrency=2) as rt:
+            sub = rt.pipeline.submit_group("t", g)
+            time.sleep(0.5)
+        # Closed mid-way: the rest resumes when the next process starts on the same database.
+        with runtime(tmp_path, server, judge_concurrency=2) as rt:
+            deadline = time.monotonic() + 30
+            while True:
+                with rt.db.session() as s:
+                    row = documents.find_group(s, "t", sub.group_id, full=True)
+                    if row.status == "done":
+                        break
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        keys = Counter(
+            (
+                c.document["current_visit_turn"]["pages"][0]["url"],
+                tuple(c.document["prior_confirmed_support_points_for_this_rubric"]),
+            )
+            for c in server.calls
+        )
+        assert max(keys.values()) == 1 and len(keys) == 12
