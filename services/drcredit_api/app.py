@@ -37,6 +37,8 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = factory(settings)
         app.state.runtime = runtime
+        if app.state.broker_probe is None and hasattr(runtime.dispatcher, "ping"):
+            app.state.broker_probe = runtime.dispatcher.ping
         if not app.state.tenant_keys:
             log.warning(
                 "no API keys configured (DRCREDIT_API_KEYS): the API is OPEN to anyone who can reach it; local use only"

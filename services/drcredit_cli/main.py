@@ -197,6 +197,66 @@ def serve(
     uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
 
 
+def _worker_configs() -> dict[str, Any]:
+    from drcredit_aggregator.config import WORKER as AGGREGATOR
+    from drcredit_snippet_matcher.config import WORKER as SNIPPETS
+    from drcredit_visit_judge.config import WORKER as VISITS
+
+    return {c.queue: c for c in (VISITS, SNIPPETS, AGGREGATOR)}
+
+
+@app.command()
+def worker(
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated queues to consume: visit_judge, snippet_matcher, credit_aggregator (default: all)."
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int | None, typer.Option(min=1, help="Tasks run at once (threads); default: the services' own setting.")
+    ] = None,
+) -> None:
+    """Run a Celery worker for the named queues (needs DRCREDIT_BROKER_URL and a database)."""
+    import importlib
+    import os
+
+    from drcredit.broker import worker as worker_mod
+
+    settings = Settings()
+    configure_logging(settings)
+    if not settings.broker_url:
+        _fail("DRCREDIT_BROKER_URL is not set; a worker needs a broker (redis://...)")
+    configs = _worker_configs()
+    names = [q.strip() for q in (queues or ",".join(configs)).split(",") if q.strip()]
+    unknown = [q for q in names if q not in configs]
+    if unknown:
+        _fail(f"--queues: unknown queue(s) {', '.join(unknown)}; known: {', '.join(configs)}")
+    chosen = [configs[q] for q in names]
+    threads = concurrency or max(c.concurrency for c in chosen)
+    celery_app, _ = worker_mod.start(settings, threads)
+    for config in chosen:
+        importlib.import_module(config.tasks_module)
+    celery_app.worker_main(
+        [
+            "worker",
+            "--queues",
+            ",".join(names),
+            "--concurrency",
+            str(threads),
+            "--pool",
+            "threads",
+            "--hostname",
+            f"drcredit-{'-'.join(names)}-{os.getpid()}@%h",
+            "--loglevel",
+            settings.log_level.upper(),
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+    )
+
+
 @db_app.command("upgrade")
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
     """Apply migrations up to REVISION (default: the latest) on DRCREDIT_DATABASE_URL."""

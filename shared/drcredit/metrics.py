@@ -33,3 +33,5 @@ GROUP_LATENCY = Histogram(
 )
 GROUPS_BY_STATUS = Gauge("drcredit_groups", "Groups in the database by status", ["status"])
 QUEUE_DEPTH = Gauge("drcredit_queue_depth", "Messages waiting in each broker queue", ["queue"])
+TASKS = Counter("drcredit_tasks_total", "Celery tasks by queue and outcome", ["queue", "outcome"])
+SWEEPS = Counter("drcredit_sweep_redispatched_total", "Work units re-dispatched by the sweeper")

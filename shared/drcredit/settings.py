@@ -41,6 +41,15 @@ class Settings(BaseSettings):
     #: Apply migrations at start-up; unset means only for the embedded SQLite database
     #: (deployments run ``drcredit db upgrade`` once, from a migration job).
     auto_migrate: bool | None = None
+    #: A delivered but unacknowledged message (its worker died) is delivered again after this.
+    broker_visibility_timeout_s: float = Field(600.0, gt=0)
+    #: A running unit's lease; renewed after every judgment, so it only expires when the
+    #: worker holding it stopped making progress.
+    lease_s: float = Field(300.0, gt=0)
+    #: How often each worker sweeps for work whose message was lost, and how old
+    #: (queued, or with an expired lease) such work must be.
+    sweep_interval_s: float = Field(30.0, gt=0)
+    sweep_stale_after_s: float = Field(120.0, ge=0)
 
     # API -------------------------------------------------------------------
     api_keys: str = ""

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,10 @@ class InProcessDispatcher:
         self._pending = 0
         self._closed = False
         self._idle = threading.Condition()
-        self.run_unit: Callable[[UnitRef], None] | None = None
+        self.run_unit: Callable[[UnitRef], Any] | None = None
         self.run_aggregation: Callable[[int], None] | None = None
 
-    def bind(self, run_unit: Callable[[UnitRef], None], run_aggregation: Callable[[int], None]) -> None:
+    def bind(self, run_unit: Callable[[UnitRef], Any], run_aggregation: Callable[[int], None]) -> None:
         self.run_unit, self.run_aggregation = run_unit, run_aggregation
 
     def dispatch(self, units: Sequence[UnitRef]) -> None:

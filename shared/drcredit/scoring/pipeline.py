@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
 import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, TypeVar
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.exc import IntegrityError
@@ -57,6 +59,8 @@ R = TypeVar("R", VisitVerdict, SnippetVerdict)
 #: Deliveries of one unit before its group is failed instead of retried again.
 MAX_UNIT_ATTEMPTS = 5
 
+UnitOutcome = Literal["done", "noop", "stopped", "busy"]
+
 
 def now() -> datetime:
     return datetime.now(UTC)
@@ -73,8 +77,19 @@ class Submitted:
 class Pipeline:
     """Ingest, unit execution and aggregation over one database and one judge."""
 
-    def __init__(self, db: Database, judge: Judge, dispatcher: Dispatcher, *, default_failure_policy: str = "zero"):
+    def __init__(
+        self,
+        db: Database,
+        judge: Judge,
+        dispatcher: Dispatcher,
+        *,
+        default_failure_policy: str = "zero",
+        lease_s: float = 120.0,
+        worker_id: str | None = None,
+    ):
         self.db = db
+        self.lease_s = lease_s
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self.judge = judge
         self.dispatcher = dispatcher
         self.default_failure_policy = default_failure_policy
@@ -99,7 +114,7 @@ class Pipeline:
             s.execute(
                 update(m.WorkUnit)
                 .where(m.WorkUnit.group_pk.in_(groups), m.WorkUnit.status == "running")
-                .values(status="queued")
+                .values(status="queued", lease_owner=None, lease_expires_at=None)
             )
             waiting = s.execute(
                 select(m.WorkUnit.group_pk, m.WorkUnit.rollout_id)
@@ -333,6 +348,68 @@ class Pipeline:
         group.units_done += done
         group.rollouts_received += 1
 
+    def sweep(self, stale_after_s: float) -> int:
+        """Re-dispatch work whose broker message may be lost; returns units re-dispatched.
+
+        The database, not the broker, is the record of what is left to do. A unit queued
+        longer than ``stale_after_s`` ago, or running under a lease that expired that long
+        ago, is dispatched again (a conditional touch makes one sweeper win); a duplicate
+        delivery finds the unit done or leased and does nothing. Groups whose units are
+        all done but whose aggregation never ran are aggregated.
+        """
+        cutoff = now() - timedelta(seconds=stale_after_s)
+        refs: list[UnitRef] = []
+        with self.db.session() as s:
+            open_groups = select(m.Group.id).where(m.Group.status.in_(("queued", "running")))
+            candidates = s.execute(
+                select(
+                    m.WorkUnit.id, m.WorkUnit.kind, m.WorkUnit.group_pk, m.WorkUnit.status, m.WorkUnit.updated_at
+                ).where(
+                    m.WorkUnit.group_pk.in_(open_groups),
+                    ((m.WorkUnit.status == "queued") & (m.WorkUnit.updated_at <= cutoff))
+                    | ((m.WorkUnit.status == "running") & (m.WorkUnit.lease_expires_at <= cutoff)),
+                )
+            ).all()
+            for unit_id, kind, group_pk, status, updated in candidates:
+                touched = _changed(
+                    s,
+                    update(m.WorkUnit)
+                    .where(m.WorkUnit.id == unit_id, m.WorkUnit.status == status, m.WorkUnit.updated_at == updated)
+                    .values(status="queued", lease_owner=None, lease_expires_at=None, updated_at=now()),
+                )
+                if touched:
+                    refs.append(UnitRef(kind, unit_id, group_pk))  # type: ignore[arg-type]
+            stuck = list(
+                s.scalars(
+                    select(m.Group.id).where(
+                        m.Group.status.in_(("queued", "running")),
+                        m.Group.aggregation == "enqueued",
+                        m.Group.updated_at <= cutoff,
+                    )
+                )
+            )
+            for group_pk in stuck:
+                _changed(
+                    s,
+                    update(m.Group)
+                    .where(m.Group.id == group_pk, m.Group.aggregation == "enqueued")
+                    .values(aggregation="pending", updated_at=now()),
+                )
+            waiting = s.execute(
+                select(m.WorkUnit.group_pk, m.WorkUnit.rollout_id)
+                .where(m.WorkUnit.group_pk.in_(open_groups), m.WorkUnit.status == "waiting")
+                .distinct()
+            ).all()
+            pending = list(s.scalars(open_groups))
+        if refs:
+            log.warning("re-dispatching %d work units whose messages may be lost", len(refs))
+            self.dispatcher.dispatch(refs)
+        for group_pk, rollout_id in waiting:
+            self._release_snippets(group_pk, rollout_id)
+        for group_pk in pending:
+            self._maybe_aggregate(group_pk)
+        return len(refs)
+
     # ================================================================== dispatch
 
     def _dispatch_queued(self, group_pk: int) -> int:
@@ -364,59 +441,95 @@ class Pipeline:
 
     # ================================================================== units
 
-    def run_unit(self, ref: UnitRef) -> None:
-        """Run one unit to completion (or until its group fails); safe to call twice."""
+    def run_unit(self, ref: UnitRef) -> UnitOutcome:
+        """Run one unit to completion (or until its group fails); safe to deliver twice.
+
+        Returns ``done`` (finished now), ``noop`` (nothing left to do), ``stopped`` (the
+        process is stopping; the unit stays resumable) or ``busy`` (another delivery
+        holds a live lease on it; try again after the lease time).
+        """
+        owner = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
         try:
             if ref.kind == "visit_chain":
                 metrics.CHAINS_IN_FLIGHT.inc()
                 try:
-                    finished = self._run_visit_chain(ref.unit_id)
+                    outcome = self._run_visit_chain(ref.unit_id, owner)
                 finally:
                     metrics.CHAINS_IN_FLIGHT.dec()
             else:
-                finished = self._run_snippet(ref.unit_id)
-            metrics.UNITS.labels(ref.kind, "done" if finished else "stopped").inc()
+                outcome = self._run_snippet(ref.unit_id, owner)
         except Exception as exc:
             metrics.UNITS.labels(ref.kind, "error").inc()
             log.exception("unit %s %s of group %s failed", ref.kind, ref.unit_id, ref.group_pk)
             self._unit_error(ref, exc)
             raise
+        metrics.UNITS.labels(ref.kind, outcome).inc()
+        return outcome
 
     def _unit_error(self, ref: UnitRef, exc: Exception) -> None:
-        with self.db.session() as s:
-            unit = s.get(m.WorkUnit, ref.unit_id)
-            if unit is None:
-                return
-            unit.last_error = f"{type(exc).__name__}: {exc}"
-            attempts = unit.attempts
+        try:
+            with self.db.session() as s:
+                unit = s.get(m.WorkUnit, ref.unit_id)
+                if unit is None:
+                    return
+                unit.last_error = f"{type(exc).__name__}: {exc}"[:2000]
+                unit.lease_owner, unit.lease_expires_at = None, None
+                attempts = unit.attempts
+        except Exception:  # noqa: BLE001 - the database itself may be what failed
+            log.warning("could not record the error of unit %s", ref.unit_id)
+            return
         if attempts >= MAX_UNIT_ATTEMPTS:
             self.fail_group(ref.group_pk, f"work unit {ref.kind} {ref.unit_id} failed {attempts} times: {exc}")
 
-    def _claim(self, unit_id: int) -> tuple[m.WorkUnit, int, ScoringParams] | None:
-        """Mark a unit running and count the delivery; None when there is nothing to do."""
+    def _claim(self, unit_id: int, owner: str) -> tuple[m.WorkUnit, ScoringParams] | UnitOutcome:
+        """Take the unit's lease and count the delivery, or say why not."""
         with self.db.session() as s:
-            unit = s.get(m.WorkUnit, unit_id)
+            unit = s.scalar(select(m.WorkUnit).where(m.WorkUnit.id == unit_id).with_for_update())
             if unit is None or unit.status == "done":
-                return None
+                return "noop"
             group = s.get(m.Group, unit.group_pk)
             if group is None or group.status not in ("queued", "running"):
-                return None
+                return "noop"
+            if unit.status == "waiting":
+                return "noop"  # its snippet call is released by the visits it waits on
+            expires = _aware(unit.lease_expires_at) if unit.lease_expires_at else None
+            if unit.status == "running" and unit.lease_owner and expires is not None and expires > now():
+                return "busy"
             unit.status = "running"
             unit.attempts += 1
+            unit.lease_owner = owner
+            unit.lease_expires_at = now() + timedelta(seconds=self.lease_s)
             if group.status == "queued":
                 s.execute(
                     update(m.Group)
                     .where(m.Group.id == group.id, m.Group.status == "queued")
                     .values(status="running", started_at=now())
                 )
+            s.flush()
             s.expunge(unit)
-            return unit, group.rollouts_received, params_of(group)
+            return unit, params_of(group)
 
-    def _run_visit_chain(self, unit_id: int) -> bool:
-        claimed = self._claim(unit_id)
-        if claimed is None:
-            return False
-        unit, _, params = claimed
+    def _renew(self, s: Session, unit_id: int, owner: str) -> None:
+        s.execute(
+            update(m.WorkUnit)
+            .where(m.WorkUnit.id == unit_id, m.WorkUnit.lease_owner == owner)
+            .values(lease_expires_at=now() + timedelta(seconds=self.lease_s))
+        )
+
+    def _release(self, unit_id: int, owner: str) -> None:
+        """Give the lease back so the next delivery can continue at once."""
+        with self.db.session() as s:
+            s.execute(
+                update(m.WorkUnit)
+                .where(m.WorkUnit.id == unit_id, m.WorkUnit.lease_owner == owner, m.WorkUnit.status == "running")
+                .values(status="queued", lease_owner=None, lease_expires_at=None)
+            )
+
+    def _run_visit_chain(self, unit_id: int, owner: str) -> UnitOutcome:
+        claimed = self._claim(unit_id, owner)
+        if isinstance(claimed, str):
+            return claimed
+        unit, params = claimed
         group_pk = unit.group_pk
         content = self.content(group_pk)
         rollout = content.rollout(unit.rollout_id)
@@ -427,8 +540,11 @@ class Pipeline:
         for t in chain.turn_indices:
             if t in done:
                 continue
-            if self._stopping.is_set() or not self._group_active(group_pk):
-                return False
+            if self._stopping.is_set():
+                self._release(unit_id, owner)
+                return "stopped"
+            if not self._group_active(group_pk):
+                return "noop"
             turn = rollout.turns[t]
             assert isinstance(turn, VisitTurn)
             request = VisitJudgeRequest(
@@ -440,8 +556,12 @@ class Pipeline:
                 visit_index=visit_number[t],
             )
             key = self.judge.visit_prompt(request).cache_key(self.judge.model)
-            result, cached = self._judge_once(group_pk, key, "visit", functools.partial(self.judge.judge_visit, request))
-            stored = self._store_visit(group_pk, rollout.id, rubric.id, t, len(history), key, result, cached)
+            result, cached = self._judge_once(
+                group_pk, key, "visit", functools.partial(self.judge.judge_visit, request)
+            )
+            stored = self._store_visit(
+                group_pk, rollout.id, rubric.id, t, len(history), key, result, cached, unit_id, owner
+            )
             if not stored:
                 done, history = self._chain_state(group_pk, rollout.id, rubric.id)
                 continue
@@ -452,16 +572,16 @@ class Pipeline:
                     group_pk,
                     f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}",
                 )
-                return False
+                return "noop"
             self._release_snippets(group_pk, rollout.id)
         self._finish_unit(unit_id, group_pk)
-        return True
+        return "done"
 
-    def _run_snippet(self, unit_id: int) -> bool:
-        claimed = self._claim(unit_id)
-        if claimed is None:
-            return False
-        unit, _, params = claimed
+    def _run_snippet(self, unit_id: int, owner: str) -> UnitOutcome:
+        claimed = self._claim(unit_id, owner)
+        if isinstance(claimed, str):
+            return claimed
+        unit, params = claimed
         group_pk = unit.group_pk
         with self.db.session() as s:
             exists = s.scalar(
@@ -478,16 +598,17 @@ class Pipeline:
             task = _snippet_task(content, rollout, unit.turn_index or 0, params)
             request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
             key = self.judge.snippet_prompt(request).cache_key(self.judge.model)
-            result, cached = self._judge_once(group_pk, key, "snippet", lambda: self.judge.judge_snippets(request))
+            call = functools.partial(self.judge.judge_snippets, request)
+            result, cached = self._judge_once(group_pk, key, "snippet", call)
             self._store_snippet(group_pk, rollout.id, task.turn_index, key, result, cached)
             if result.status == "failed" and params.on_judge_failure == "fail":
                 self.fail_group(
                     group_pk,
                     f"snippet judgment failed (rollout {rollout.id}, turn {task.turn_index}): {result.failure_reason}",
                 )
-                return False
+                return "noop"
         self._finish_unit(unit_id, group_pk)
-        return True
+        return "done"
 
     def _finish_unit(self, unit_id: int, group_pk: int) -> None:
         with self.db.session() as s:
@@ -580,6 +701,8 @@ class Pipeline:
         key: str,
         result: JudgeResult[VisitVerdict],
         cached: bool,
+        unit_id: int,
+        owner: str,
     ) -> bool:
         verdict = result.verdict
         row = _judgment_row(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
@@ -591,6 +714,7 @@ class Pipeline:
             with self.db.session() as s:
                 s.add(row)
                 s.flush()
+                self._renew(s, unit_id, owner)
                 if verdict is not None and verdict.level > 0:
                     start = (
                         s.scalar(
@@ -723,7 +847,8 @@ class Pipeline:
     def run_aggregation(self, group_pk: int) -> None:
         """Compute and store credits and advantages once every judgment is in."""
         with self.db.session() as s:
-            group = s.get(m.Group, group_pk)
+            # The row lock serializes duplicate deliveries; the second finds it done.
+            group = s.scalar(select(m.Group).where(m.Group.id == group_pk).with_for_update())
             if group is None or group.status not in ("queued", "running") or group.aggregation == "done":
                 return
             params = params_of(group)

@@ -34,8 +34,16 @@ class Runtime:
         db = Database(url, max(settings.database_pool_size, settings.judge_concurrency + 4))
         judge = judge or build_judge(settings)
         if dispatcher is None:
-            dispatcher = InProcessDispatcher(settings.judge_concurrency)
-        pipeline = Pipeline(db, judge, dispatcher, default_failure_policy=settings.on_judge_failure)
+            if settings.distributed:
+                from drcredit.broker.app import create_celery
+                from drcredit.broker.dispatch import CeleryDispatcher
+
+                dispatcher = CeleryDispatcher(create_celery(settings))
+            else:
+                dispatcher = InProcessDispatcher(settings.judge_concurrency)
+        pipeline = Pipeline(
+            db, judge, dispatcher, default_failure_policy=settings.on_judge_failure, lease_s=settings.lease_s
+        )
         if isinstance(dispatcher, InProcessDispatcher):
             dispatcher.bind(pipeline.run_unit, pipeline.run_aggregation)
             resumed = pipeline.resume()

@@ -1,0 +1,1 @@
+"""Credit-aggregator service: turns a group's stored judgments into credits and advantages."""

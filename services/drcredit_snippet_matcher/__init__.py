@@ -1,0 +1,1 @@
+"""Snippet-matcher service: one judge call per search turn with unvisited snippets."""

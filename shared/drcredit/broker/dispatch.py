@@ -1,0 +1,55 @@
+"""Dispatch work units as Celery tasks, sent by name to their service's queue."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from celery import Celery
+
+from drcredit.broker.queues import AGGREGATE_GROUP, MATCH_SNIPPETS, RUN_VISIT_CHAIN, TASK_QUEUES
+from drcredit.scoring.dispatch import UnitRef
+
+log = logging.getLogger("drcredit.broker")
+
+
+class CeleryDispatcher:
+    """Sends tasks; a send that fails (broker down) is logged, not raised.
+
+    The unit stays queued in the database and the workers' sweeper sends it again, so
+    an ingest never fails, and nothing is lost, because the broker blinked.
+    """
+
+    def __init__(self, app: Celery):
+        self.app = app
+
+    def dispatch(self, units: Sequence[UnitRef]) -> None:
+        for unit in units:
+            name = RUN_VISIT_CHAIN if unit.kind == "visit_chain" else MATCH_SNIPPETS
+            self._send(name, unit.unit_id, unit.group_pk)
+
+    def dispatch_aggregation(self, group_pk: int) -> None:
+        self._send(AGGREGATE_GROUP, group_pk)
+
+    def _send(self, name: str, *args: int) -> None:
+        try:
+            self.app.send_task(
+                name,
+                args=list(args),
+                queue=TASK_QUEUES[name],
+                retry=True,
+                retry_policy={"max_retries": 3, "interval_start": 0.2, "interval_step": 0.5},
+            )
+        except Exception:
+            log.warning("could not send %s%s; the sweeper will resend it", name, args, exc_info=True)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each queue (Redis lists named like the queues)."""
+        with self.app.connection_for_read() as conn:
+            client = conn.default_channel.client
+            return {queue: int(client.llen(queue)) for queue in set(TASK_QUEUES.values())}
+
+    def ping(self) -> None:
+        with self.app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            conn.default_channel.client.ping()

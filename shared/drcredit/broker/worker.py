@@ -1,0 +1,154 @@
+"""What every ``drcredit worker`` process runs besides Celery itself.
+
+One :class:`~drcredit.scoring.runtime.Runtime` per process (database pool sized to the
+worker's concurrency, one judge client, a Celery dispatcher), a Prometheus endpoint, a
+sweeper thread that re-sends work whose message was lost (Redis restarted, a worker was
+killed), and a graceful stop: on SIGTERM running chains hand their unit back after the
+current judge call and it is queued again at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from celery import Celery, signals
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from drcredit import metrics
+from drcredit.broker.app import create_celery
+from drcredit.broker.dispatch import CeleryDispatcher
+from drcredit.scoring.dispatch import UnitRef
+from drcredit.scoring.runtime import Runtime
+from drcredit.settings import Settings
+
+log = logging.getLogger("drcredit.worker")
+
+_runtime: Runtime | None = None
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One service's worker settings: its queue, default concurrency and task module."""
+
+    queue: str
+    concurrency: int
+    tasks_module: str
+    pool: str = "threads"
+
+
+def current_runtime() -> Runtime:
+    if _runtime is None:
+        raise RuntimeError("the worker runtime is not started (run tasks through `drcredit worker`)")
+    return _runtime
+
+
+def start(settings: Settings, concurrency: int) -> tuple[Celery, Runtime]:
+    """Build this process's Celery app and runtime, and start its helper threads."""
+    global _runtime
+    app = create_celery(settings)
+    dispatcher = CeleryDispatcher(app)
+    sized = settings.model_copy(update={"database_pool_size": concurrency + 4, "judge_concurrency": concurrency})
+    _runtime = Runtime.build(sized, dispatcher=dispatcher)
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port)
+    Sweeper(_runtime, dispatcher, settings).start()
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _stop(**_: Any) -> None:
+        log.info("worker stopping: running chains hand back their units after the current call")
+        if _runtime is not None:
+            _runtime.pipeline.stop()
+
+    return app, _runtime
+
+
+class Sweeper(threading.Thread):
+    """Periodically re-sends lost work and publishes queue depths.
+
+    A change of the Redis server's run id means it restarted; without persistence its
+    queues are empty, so every queued unit is sent again at once instead of waiting.
+    """
+
+    def __init__(self, runtime: Runtime, dispatcher: CeleryDispatcher, settings: Settings):
+        super().__init__(name="drcredit-sweeper", daemon=True)
+        self.runtime = runtime
+        self.dispatcher = dispatcher
+        self.interval = settings.sweep_interval_s
+        self.stale_after = settings.sweep_stale_after_s
+        self.run_id: str | None = None
+
+    def _broker_run_id(self) -> str | None:
+        try:
+            with self.dispatcher.app.connection_for_read() as conn:
+                info = conn.default_channel.client.info("server")
+                return str(info.get("run_id"))
+        except Exception:  # noqa: BLE001 - broker down: nothing to compare this round
+            return None
+
+    def run(self) -> None:
+        first = True
+        while True:
+            try:
+                run_id = self._broker_run_id()
+                restarted = run_id is not None and self.run_id is not None and run_id != self.run_id
+                if run_id is not None:
+                    self.run_id = run_id
+                stale = 0.0 if restarted else self.stale_after
+                if restarted:
+                    log.warning("broker restarted (run id changed): re-sending all queued work")
+                if first or restarted or run_id is not None:
+                    resent = self.runtime.pipeline.sweep(stale)
+                    metrics.SWEEPS.inc(resent)
+                for queue, depth in self.dispatcher.queue_depths().items():
+                    metrics.QUEUE_DEPTH.labels(queue).set(depth)
+                first = False
+            except Exception:
+                log.warning("sweep failed; retrying in %.0fs", self.interval, exc_info=True)
+            threading.Event().wait(self.interval)
+
+
+#: Database errors worth retrying (server restarting, connection dropped).
+TRANSIENT_DB_ERRORS = (OperationalError,)
+
+
+def run_unit_task(task: Any, ref: UnitRef, queue: str) -> str:
+    """The body shared by the visit and snippet tasks."""
+    runtime = current_runtime()
+    structlog.contextvars.bind_contextvars(group_pk=ref.group_pk, unit_id=ref.unit_id, unit_kind=ref.kind)
+    try:
+        outcome = runtime.pipeline.run_unit(ref)
+    except DBAPIError as exc:
+        if not (exc.connection_invalidated or isinstance(exc, TRANSIENT_DB_ERRORS)):
+            metrics.TASKS.labels(queue, "error").inc()
+            raise
+        metrics.TASKS.labels(queue, "retry").inc()
+        countdown = min(2**task.request.retries, 30)
+        log.warning("database unavailable; retrying unit %s in %ss", ref.unit_id, countdown)
+        raise task.retry(exc=exc, countdown=countdown, max_retries=40) from exc
+    finally:
+        structlog.contextvars.clear_contextvars()
+    if outcome == "stopped":
+        # Shutting down mid-chain: the unit was handed back; queue it again now.
+        runtime.dispatcher.dispatch([ref])
+    metrics.TASKS.labels(queue, outcome).inc()
+    return outcome
+
+
+def run_aggregation_task(task: Any, group_pk: int, queue: str) -> str:
+    runtime = current_runtime()
+    structlog.contextvars.bind_contextvars(group_pk=group_pk)
+    try:
+        runtime.pipeline.run_aggregation(group_pk)
+    except TRANSIENT_DB_ERRORS as exc:
+        metrics.TASKS.labels(queue, "retry").inc()
+        raise task.retry(exc=exc, countdown=min(2**task.request.retries, 30), max_retries=40) from exc
+    finally:
+        structlog.contextvars.clear_contextvars()
+    metrics.TASKS.labels(queue, "done").inc()
+    return "done"
