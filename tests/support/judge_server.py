@@ -31,6 +31,7 @@ class Call:
     kind: str  # visit | snippet
     document: dict[str, Any]
     request: dict[str, Any]
+    received_at: float = 0.0
 
 
 @dataclass
@@ -82,7 +83,7 @@ def _app(server: JudgeServer) -> Starlette:
             )
         document = json.loads(body["messages"][-1]["content"])
         with lock:
-            call = Call(len(server.calls) + 1, _kind(document), document, body)
+            call = Call(len(server.calls) + 1, _kind(document), document, body, time.monotonic())
             server.calls.append(call)
         reply = server.script(call)
         server.in_flight += 1

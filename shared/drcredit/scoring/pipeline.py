@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -62,6 +63,10 @@ MAX_UNIT_ATTEMPTS = 5
 UnitOutcome = Literal["done", "noop", "stopped", "busy"]
 
 
+class _Stopping(Exception):
+    """The process is stopping while this unit waited for another's judge call."""
+
+
 def now() -> datetime:
     return datetime.now(UTC)
 
@@ -86,10 +91,14 @@ class Pipeline:
         default_failure_policy: str = "zero",
         lease_s: float = 120.0,
         worker_id: str | None = None,
+        claims: bool = False,
     ):
         self.db = db
         self.lease_s = lease_s
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        #: Claim judge requests in the database so that identical requests in flight in
+        #: different processes are made once (distributed mode).
+        self.claims = claims
         self.judge = judge
         self.dispatcher = dispatcher
         self.default_failure_policy = default_failure_policy
@@ -458,6 +467,9 @@ class Pipeline:
                     metrics.CHAINS_IN_FLIGHT.dec()
             else:
                 outcome = self._run_snippet(ref.unit_id, owner)
+        except _Stopping:
+            self._release(ref.unit_id, owner)
+            outcome = "stopped"
         except Exception as exc:
             metrics.UNITS.labels(ref.kind, "error").inc()
             log.exception("unit %s %s of group %s failed", ref.kind, ref.unit_id, ref.group_pk)
@@ -556,12 +568,11 @@ class Pipeline:
                 visit_index=visit_number[t],
             )
             key = self.judge.visit_prompt(request).cache_key(self.judge.model)
-            result, cached = self._judge_once(
-                group_pk, key, "visit", functools.partial(self.judge.judge_visit, request)
+            store = functools.partial(
+                self._store_visit, group_pk, rollout.id, rubric.id, t, len(history), key, unit_id, owner
             )
-            stored = self._store_visit(
-                group_pk, rollout.id, rubric.id, t, len(history), key, result, cached, unit_id, owner
-            )
+            call = functools.partial(self.judge.judge_visit, request)
+            result, stored = self._judge_once(group_pk, key, "visit", call, store)
             if not stored:
                 done, history = self._chain_state(group_pk, rollout.id, rubric.id)
                 continue
@@ -599,8 +610,8 @@ class Pipeline:
             request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
             key = self.judge.snippet_prompt(request).cache_key(self.judge.model)
             call = functools.partial(self.judge.judge_snippets, request)
-            result, cached = self._judge_once(group_pk, key, "snippet", call)
-            self._store_snippet(group_pk, rollout.id, task.turn_index, key, result, cached)
+            store = functools.partial(self._store_snippet, group_pk, rollout.id, task.turn_index, key)
+            result, _ = self._judge_once(group_pk, key, "snippet", call, store)
             if result.status == "failed" and params.on_judge_failure == "fail":
                 self.fail_group(
                     group_pk,
@@ -622,26 +633,23 @@ class Pipeline:
     # ------------------------------------------------------------------ judging
 
     def _judge_once(
-        self, group_pk: int, key: str, kind: str, call: Callable[[], JudgeResult[R]]
+        self,
+        group_pk: int,
+        key: str,
+        kind: str,
+        call: Callable[[], JudgeResult[R]],
+        store: Callable[[JudgeResult[R], bool], bool],
     ) -> tuple[JudgeResult[R], bool]:
-        """Answer a request from an identical stored judgment of the group, or call once.
+        """Judge a request once per group and store the result with ``store``.
 
-        Identical requests in flight at the same time in this process share one call.
+        An identical request already answered in the group is reused (a cache hit). One in
+        flight in this process is awaited in memory; with ``claims`` on (distributed mode)
+        one in flight in another process is awaited through a claim row, which expires
+        with the lease if its owner dies. Returns (result, stored).
         """
-        with self.db.session() as s:
-            row = s.scalars(
-                select(m.Judgment)
-                .where(
-                    m.Judgment.group_pk == group_pk,
-                    m.Judgment.request_key == key,
-                    m.Judgment.status == "ok",
-                    m.Judgment.cache_hit.is_(False),
-                )
-                .limit(1)
-            ).first()
-            if row is not None:
-                metrics.JUDGE_CACHE_HITS.labels(kind).inc()
-                return _result_from_row(row), True
+        hit = self._stored_answer(group_pk, key, kind)
+        if hit is not None:
+            return hit, store(hit, True)
         slot = (group_pk, key)
         with self._inflight_lock:
             future = self._inflight.get(slot)
@@ -653,18 +661,90 @@ class Pipeline:
         if not owner:
             result = future.result()
             metrics.JUDGE_CACHE_HITS.labels(kind).inc()
-            return result, True
+            return result, store(result, True)
+        token = None
         try:
+            if self.claims:
+                token, hit = self._await_claim(group_pk, key, kind)
+                if hit is not None:
+                    future.set_result(hit)
+                    return hit, store(hit, True)
             result = call()
             _observe(result)
+            stored = store(result, False)
             future.set_result(result)
-            return result, False
+            return result, stored
         except BaseException as exc:
             future.set_exception(exc)
             raise
         finally:
             with self._inflight_lock:
                 self._inflight.pop(slot, None)
+            if token is not None:
+                self._drop_claim(group_pk, key, token)
+
+    def _stored_answer(self, group_pk: int, key: str, kind: str) -> JudgeResult[Any] | None:
+        with self.db.session() as s:
+            row = s.scalars(
+                select(m.Judgment)
+                .where(
+                    m.Judgment.group_pk == group_pk,
+                    m.Judgment.request_key == key,
+                    m.Judgment.status == "ok",
+                    m.Judgment.cache_hit.is_(False),
+                )
+                .limit(1)
+            ).first()
+            if row is None:
+                return None
+            metrics.JUDGE_CACHE_HITS.labels(kind).inc()
+            return _result_from_row(row)
+
+    def _await_claim(self, group_pk: int, key: str, kind: str) -> tuple[str | None, JudgeResult[Any] | None]:
+        """Claim the request for this process, or wait for its owner's stored answer."""
+        token = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
+        pause = 0.05
+        while True:
+            try:
+                with self.db.session() as s:
+                    s.add(m.RequestClaim(group_pk=group_pk, request_key=key, owner=token, claimed_at=now()))
+                return token, None
+            except IntegrityError:
+                pass
+            hit = self._stored_answer(group_pk, key, kind)
+            if hit is not None:
+                return None, hit
+            with self.db.session() as s:
+                stale = now() - timedelta(seconds=self.lease_s)
+                stolen = _changed(
+                    s,
+                    update(m.RequestClaim)
+                    .where(
+                        m.RequestClaim.group_pk == group_pk,
+                        m.RequestClaim.request_key == key,
+                        m.RequestClaim.claimed_at < stale,
+                    )
+                    .values(owner=token, claimed_at=now()),
+                )
+            if stolen:
+                return token, None
+            if self._stopping.is_set():
+                raise _Stopping()
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+
+    def _drop_claim(self, group_pk: int, key: str, token: str) -> None:
+        try:
+            with self.db.session() as s:
+                s.execute(
+                    delete(m.RequestClaim).where(
+                        m.RequestClaim.group_pk == group_pk,
+                        m.RequestClaim.request_key == key,
+                        m.RequestClaim.owner == token,
+                    )
+                )
+        except Exception:  # noqa: BLE001 - an undeleted claim only expires with the lease
+            log.warning("could not drop the claim on a judge request", exc_info=True)
 
     def _chain_state(self, group_pk: int, rollout_id: str, rubric_id: str) -> tuple[set[int], list[str]]:
         with self.db.session() as s:
@@ -699,10 +779,10 @@ class Pipeline:
         turn_index: int,
         prior: int,
         key: str,
-        result: JudgeResult[VisitVerdict],
-        cached: bool,
         unit_id: int,
         owner: str,
+        result: JudgeResult[VisitVerdict],
+        cached: bool,
     ) -> bool:
         verdict = result.verdict
         row = _judgment_row(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)

@@ -42,7 +42,12 @@ class Runtime:
             else:
                 dispatcher = InProcessDispatcher(settings.judge_concurrency)
         pipeline = Pipeline(
-            db, judge, dispatcher, default_failure_policy=settings.on_judge_failure, lease_s=settings.lease_s
+            db,
+            judge,
+            dispatcher,
+            default_failure_policy=settings.on_judge_failure,
+            lease_s=settings.lease_s,
+            claims=settings.distributed,
         )
         if isinstance(dispatcher, InProcessDispatcher):
             dispatcher.bind(pipeline.run_unit, pipeline.run_aggregation)

@@ -249,6 +249,19 @@ class WorkUnit(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
+class RequestClaim(Base):
+    """A judge request being answered by one process; others wait for its stored answer."""
+
+    __tablename__ = "request_claims"
+    __table_args__ = (UniqueConstraint("group_pk", "request_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    request_key: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(128))
+    claimed_at: Mapped[datetime] = mapped_column()
+
+
 class Replay(Base):
     """A sensitivity replay under other parameters, kept for later comparison."""
 

@@ -2,13 +2,14 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 01:44:05.306552
+Create Date: 2026-11-22 01:53:11.713395
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+
 
 revision = '0001'
 down_revision = None
@@ -104,6 +105,16 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['group_pk'], ['groups.id'], name=op.f('fk_replays_group_pk_groups'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_replays'))
     )
+    op.create_table('request_claims',
+    sa.Column('id', sa.Integer(), nullable=False),
+    sa.Column('group_pk', sa.Integer(), nullable=False),
+    sa.Column('request_key', sa.String(length=64), nullable=False),
+    sa.Column('owner', sa.String(length=128), nullable=False),
+    sa.Column('claimed_at', sa.DateTime(timezone=True), nullable=False),
+    sa.ForeignKeyConstraint(['group_pk'], ['groups.id'], name=op.f('fk_request_claims_group_pk_groups'), ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_request_claims')),
+    sa.UniqueConstraint('group_pk', 'request_key', name=op.f('uq_request_claims_group_pk_request_key'))
+    )
     op.create_table('rollouts',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('group_pk', sa.Integer(), nullable=False),
@@ -196,6 +207,7 @@ def downgrade() -> None:
     op.drop_table('work_units')
     op.drop_table('support_points')
     op.drop_table('rollouts')
+    op.drop_table('request_claims')
     op.drop_table('replays')
     with op.batch_alter_table('judgments', schema=None) as batch_op:
         batch_op.drop_index('ix_judgments_request_key')
