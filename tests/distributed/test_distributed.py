@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 from fastapi.testclient import TestClient
@@ -27,7 +28,7 @@ from drcredit.scoring.runtime import Runtime
 from drcredit.storage.migrate import upgrade
 from tests.support.api import api_client, settings_for
 from tests.support.infra import REDIS_URL, postgres_database
-from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
+from tests.support.judge_server import Call, JudgeServer, Reply, free_port, marker_answer, running_judge
 from tests.support.services import Workers, private_postgres, private_redis
 from tests.support.workload import marker_group
 
@@ -76,7 +77,6 @@ def redis_db() -> Iterator[str]:
 
 def embedded_reference(tmp_path: Path, judge: JudgeServer, groups: list[dict[str, Any]]) -> dict[str, Any]:
     """Advantages of the same groups scored in embedded mode."""
-    out: dict[str, Any] = {}
     rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'embedded.sqlite3'}", judge.url))
     try:
         for doc in groups:
@@ -140,9 +140,12 @@ def pg_url() -> Iterator[str]:
 def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, marker_judge: JudgeServer) -> None:
     groups = [marker_group(seed, f"g{seed}") for seed in range(6)]
     with redis_db() as broker:
+        metrics_port = free_port()
         workers = Workers(worker_env(pg_url, broker, marker_judge.url), tmp_path)
         try:
+            workers.env = {**workers.env, "DRCREDIT_METRICS_PORT": str(metrics_port)}
             workers.start("visit_judge", 8)
+            workers.env = {k: v for k, v in workers.env.items() if k != "DRCREDIT_METRICS_PORT"}
             workers.start("snippet_matcher", 4)
             workers.start("credit_aggregator", 2)
             with api_client(pg_url, marker_judge.url, broker_url=broker, auto_migrate=False) as client:
@@ -151,6 +154,7 @@ def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, mar
                 assert r.status_code == 202
                 got = batch_advantages(client, "step-1")
                 metrics = client.get("/metrics").text
+                worker_metrics = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         finally:
             workers.stop_all()
     distributed_calls = Counter(request_key(c) for c in marker_judge.calls)
@@ -161,6 +165,9 @@ def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, mar
     # groups are separate judgments by design).
     assert Counter(request_key(c) for c in marker_judge.calls) == distributed_calls
     assert "drcredit_groups_ingested_total" in metrics
+    assert 'drcredit_judge_calls_total{backend="openai",kind="visit",outcome="ok"}' in worker_metrics
+    assert 'drcredit_tasks_total{outcome="done",queue="visit_judge"}' in worker_metrics
+    assert 'drcredit_queue_depth{queue="visit_judge"}' in worker_metrics
 
 
 def slow_marker(delay: float) -> Any:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
+import structlog
 from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -546,6 +547,7 @@ class Pipeline:
         content = self.content(group_pk)
         rollout = content.rollout(unit.rollout_id)
         rubric = _rubric(content, unit.rubric_id or "")
+        structlog.contextvars.bind_contextvars(group_pk=group_pk, rollout_id=rollout.id, rubric_id=rubric.id)
         chain = _chain(content, rollout, rubric.id, params)
         visit_number = {t: n for n, t in enumerate(i for i, x in enumerate(rollout.turns) if isinstance(x, VisitTurn))}
         done, history = self._chain_state(group_pk, rollout.id, rubric.id)
@@ -743,7 +745,7 @@ class Pipeline:
                         m.RequestClaim.owner == token,
                     )
                 )
-        except Exception:  # noqa: BLE001 - an undeleted claim only expires with the lease
+        except Exception:
             log.warning("could not drop the claim on a judge request", exc_info=True)
 
     def _chain_state(self, group_pk: int, rollout_id: str, rubric_id: str) -> tuple[set[int], list[str]]:
