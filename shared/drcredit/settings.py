@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     # Storage and execution -------------------------------------------------
     data_dir: Path = Path(".drcredit")
     database_url: str | None = None
+    #: Connections per process (plus as many overflow); capped by the concurrency + 2.
+    #: Keep processes x 2 x this under the server's max_connections.
     database_pool_size: int = Field(10, ge=1)
     broker_url: str | None = None
     #: Apply migrations at start-up; unset means only for the embedded SQLite database

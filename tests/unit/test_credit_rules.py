@@ -400,3 +400,15 @@ def test_failed_judgment_under_policy_zero_scores_level_zero() -> None:
     """Stored failures enter as level 0 / no matches (the pipeline stores them so)."""
     g, _ = two_turn_group(0, 0)
     assert credits_of(g, {("a", 0, "R1"): 0, ("b", 0, "R1"): 0}) == {"a": [0.0, None], "b": [0.0, None]}
+
+
+def test_huge_finite_rewards_do_not_overflow() -> None:
+    """Rewards (1e200, 0): mean 5e199, sample std 1e200 / sqrt(2) -> A_o = +-0.70711."""
+    g = group(rollout("a", tool(), reward=1e200), rollout("b", tool(), reward=0.0))
+    adv = group_advantages(g, group_credits(g, Judgments({}, {}), P), P)
+    assert [r.outcome_advantage for r in adv.rollouts] == [
+        pytest.approx(1 / math.sqrt(2)),
+        pytest.approx(-1 / math.sqrt(2)),
+    ]
+    same = group(rollout("a", tool(), reward=1.7e308), rollout("b", tool(), reward=1.7e308))
+    assert group_advantages(same, group_credits(same, Judgments({}, {}), P), P).rollouts[0].outcome_advantage == 0.0

@@ -8,6 +8,7 @@ and unique judgments), not from the broker.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from celery import Celery
@@ -30,7 +31,7 @@ def create_celery(settings: Settings) -> Celery:
         "accept_content": ["json"],
         "task_routes": {name: {"queue": queue} for name, queue in TASK_QUEUES.items()},
         "worker_prefetch_multiplier": 1,
-        "worker_disable_prefetch": True,
+        "worker_disable_prefetch": os.environ.get("DRCREDIT_EXPERIMENT_PREFETCH") != "1",
         "worker_hijack_root_logger": False,
         "worker_send_task_events": False,
         "broker_connection_retry_on_startup": True,

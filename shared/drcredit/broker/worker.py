@@ -51,7 +51,7 @@ def start(settings: Settings, concurrency: int) -> tuple[Celery, Runtime]:
     global _runtime
     app = create_celery(settings)
     dispatcher = CeleryDispatcher(app)
-    sized = settings.model_copy(update={"database_pool_size": concurrency + 4, "judge_concurrency": concurrency})
+    sized = settings.model_copy(update={"judge_concurrency": concurrency})
     _runtime = Runtime.build(sized, dispatcher=dispatcher)
     if settings.metrics_port:
         from prometheus_client import start_http_server

@@ -49,15 +49,38 @@ class GroupAdvantages:
     rollouts: tuple[RolloutAdvantages, ...]
 
 
+#: Above this magnitude squares and sums could overflow; such values are rescaled.
+_LARGE = 1e150
+
+
 def mean_and_std(values: Sequence[float], ddof: int) -> tuple[float, float]:
-    """Mean and standard deviation with ``ddof`` (0: population, 1: sample), exactly summed."""
+    """Mean and standard deviation with ``ddof`` (0: population, 1: sample), exactly summed.
+
+    Values large enough to overflow a sum of squares are divided by their largest
+    magnitude first; ordinary values are used as they are, so results are bit-for-bit
+    the straightforward formula's.
+    """
     n = len(values)
     if n == 0:
         return 0.0, 0.0
+    scale = max(abs(v) for v in values)
+    if scale > _LARGE:
+        mu_s, sigma_s = mean_and_std([v / scale for v in values], ddof)
+        return mu_s * scale, sigma_s * scale
     mu = math.fsum(values) / n
     if n - ddof <= 0:
         return mu, 0.0
     return mu, math.sqrt(math.fsum((v - mu) ** 2 for v in values) / (n - ddof))
+
+
+def standardize(value: float, mu: float, sigma: float) -> float:
+    """(value - mu) / sigma, without overflowing for huge magnitudes; 0 when sigma ~ 0."""
+    if sigma < SIGMA_FLOOR:
+        return 0.0
+    if abs(value) > _LARGE or abs(mu) > _LARGE:
+        scale = max(abs(value), abs(mu))
+        return (value / scale - mu / scale) / (sigma / scale)
+    return (value - mu) / sigma
 
 
 def group_advantages(group: GroupContent, credits: Sequence[RolloutCredits], params: ScoringParams) -> GroupAdvantages:
@@ -74,17 +97,14 @@ def group_advantages(group: GroupContent, credits: Sequence[RolloutCredits], par
         mu_o: float | None
         sigma_o: float | None
         mu_o, sigma_o = mean_and_std(present, ddof=1)
-        outcome = [(r - mu_o) / sigma_o if sigma_o >= SIGMA_FLOOR else 0.0 for r in present]
+        outcome = [standardize(r, mu_o, sigma_o) for r in present]
     else:
         mu_o = sigma_o = None
         outcome = [0.0] * len(rewards)
 
     out = []
     for rollout, rc, a_o in zip(group.rollouts, ordered, outcome, strict=True):
-        normalized = [
-            None if t.credit is None else ((t.credit - mu_rg) / sigma_rg if sigma_rg >= SIGMA_FLOOR else 0.0)
-            for t in rc.turns
-        ]
+        normalized = [None if t.credit is None else standardize(t.credit, mu_rg, sigma_rg) for t in rc.turns]
         discounted: list[float | None] = [None] * len(rc.turns)
         following = 0.0
         for t in reversed(range(len(rc.turns))):

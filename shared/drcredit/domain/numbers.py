@@ -22,3 +22,9 @@ FiniteFloat = Annotated[float, BeforeValidator(_strict_number)]
 NonNegativeFloat = Annotated[float, BeforeValidator(_strict_number), Field(ge=0.0)]
 PositiveFloat = Annotated[float, BeforeValidator(_strict_number), Field(gt=0.0)]
 UnitFloat = Annotated[float, BeforeValidator(_strict_number), Field(ge=0.0, le=1.0)]
+
+#: Parameters are scores and weights of order one; a bound far above any sensible value
+#: keeps sums of them finite.
+PARAMETER_MAX = 1e6
+BoundedNonNegative = Annotated[float, BeforeValidator(_strict_number), Field(ge=0.0, le=PARAMETER_MAX)]
+BoundedPositive = Annotated[float, BeforeValidator(_strict_number), Field(gt=0.0, le=PARAMETER_MAX)]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 
-from drcredit.domain.numbers import NonNegativeFloat, PositiveFloat, UnitFloat
+from drcredit.domain.numbers import BoundedNonNegative, BoundedPositive, UnitFloat
 
 #: Parameters whose change alters what the judge is asked, so a replay cannot honour them.
 JUDGMENT_PARAMETERS = frozenset({"history"})
@@ -17,16 +17,16 @@ class ScoringParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    visit_levels: tuple[NonNegativeFloat, NonNegativeFloat, NonNegativeFloat] = (0.0, 0.2, 0.5)
-    cap: PositiveFloat = 1.0
-    snippet_weight: NonNegativeFloat = 0.1
+    visit_levels: tuple[BoundedNonNegative, BoundedNonNegative, BoundedNonNegative] = (0.0, 0.2, 0.5)
+    cap: BoundedPositive = 1.0
+    snippet_weight: BoundedNonNegative = 0.1
     history: StrictBool = True
     navigation: StrictBool = True
     snippets: StrictBool = True
     attribution: Literal["all", "latest"] = "all"
     skip_saturated_snippets: StrictBool = True
     discount: UnitFloat = 0.0
-    process_weight: NonNegativeFloat = 1.0
+    process_weight: BoundedNonNegative = 1.0
     outcome_on_research_turns: StrictBool = True
     on_judge_failure: Literal["zero", "fail"] = "zero"
 

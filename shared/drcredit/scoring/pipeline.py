@@ -936,8 +936,15 @@ class Pipeline:
             params = params_of(group)
             content = content_of(group)
             judgments = judgments_of(s, group_pk)
-            credits = group_credits(content, judgments, params)
-            advantages = group_advantages(content, credits, params)
+            try:
+                credits = group_credits(content, judgments, params)
+                advantages = group_advantages(content, credits, params)
+            except Exception as exc:  # noqa: BLE001 - a group that cannot be scored must say so
+                log.exception("aggregation of group %s failed", group_pk)
+                reason = f"aggregation failed: {type(exc).__name__}: {exc}"
+                group.status, group.error, group.finished_at = "failed", reason, now()
+                metrics.GROUPS_FINISHED.labels("failed").inc()
+                return
             rollouts = {r.rollout_id: r for r in group.rollouts}
             for rc, ra in zip(credits, advantages.rollouts, strict=True):
                 rollout_row = rollouts[rc.rollout_id]

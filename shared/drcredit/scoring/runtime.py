@@ -30,8 +30,14 @@ class Runtime:
         migrate = settings.auto_migrate if settings.auto_migrate is not None else url.startswith("sqlite")
         if migrate:
             upgrade(url)
-        # Every unit thread may hold one connection; size the pool so none waits for one.
-        db = Database(url, max(settings.database_pool_size, settings.judge_concurrency + 4))
+        # A unit thread holds a connection only for short transactions, never across a
+        # judge call, so a pool well below the thread count serves it. SQLite has no
+        # server-side limit, so there every thread gets one (none ever waits).
+        if url.startswith("sqlite"):
+            pool = settings.judge_concurrency + 4
+        else:
+            pool = max(2, min(settings.judge_concurrency + 2, settings.database_pool_size))
+        db = Database(url, pool)
         judge = judge or build_judge(settings)
         if dispatcher is None:
             if settings.distributed:

@@ -1,0 +1,157 @@
+"""A simulated OpenAI-compatible judge, run as its own process.
+
+It answers valid judgments deterministically from the request content: pages and
+snippets carry fact tags like ``{F12}`` written by the workload generator, and whether a
+fact supports a rubric, and how strongly, is a hash of (fact, rubric). A fact already
+in the prior support earns nothing, so the simulated judge is history-aware like the
+real one. Latency is fixed or lognormal, concurrency can be capped, a share of requests
+can fail with 500; requests and tokens are counted and served at ``/stats``.
+
+    python -m bench.judge_sim --port 9100 --latency 1.0 [--lognormal-sigma 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import re
+import time
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+FACT = re.compile(r"\{F(\d+)\}")
+
+
+def _h(*parts: str) -> int:
+    return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=8).digest(), "big")
+
+
+def fact_level(fact: str, rubric_id: str) -> int:
+    """How strongly a fact supports a rubric: mostly 0, sometimes 1 or 2."""
+    x = _h(fact, rubric_id) % 10
+    return 2 if x == 0 else 1 if x in (1, 2) else 0
+
+
+def visit_answer(doc: dict[str, Any]) -> dict[str, Any]:
+    rubric = doc["rubric"]["id"]
+    prior = set(doc["prior_confirmed_support_points_for_this_rubric"])
+    best, pages, points = 0, [], []
+    for page in doc["current_visit_turn"]["pages"]:
+        for fact in FACT.findall(page["evidence"]):
+            point = f"fact {fact} holds"
+            level = fact_level(fact, rubric)
+            if level and point not in prior and point not in points:
+                best = max(best, level)
+                pages.append(page["page_id"])
+                points.append(point)
+    if not best:
+        return {"level": 0, "page_ids": [], "support_points": [], "rationale": "nothing new"}
+    return {"level": best, "page_ids": list(dict.fromkeys(pages)), "support_points": points[:3], "rationale": "sim"}
+
+
+def snippet_answer(doc: dict[str, Any]) -> dict[str, Any]:
+    matches, used = [], set()
+    for rubric in doc["rubrics"]:
+        for result in doc["unvisited_search_results"]:
+            for m in FACT.finditer(result["snippet"]):
+                if fact_level(m.group(1), rubric["id"]) == 2 and m.group(0) not in used:
+                    used.add(m.group(0))
+                    matches.append({"rubric_id": rubric["id"], "result_id": result["result_id"], "evidence_quote": m.group(0)})
+                    break
+            else:
+                continue
+            break
+    return {"matches": matches}
+
+
+class Simulator:
+    def __init__(self, latency: float, sigma: float, concurrency: int, error_rate: float, seed: int):
+        self.latency, self.sigma, self.error_rate = latency, sigma, error_rate
+        self.rng = random.Random(seed)
+        self.slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
+        self.stats = {"requests": 0, "visit": 0, "snippet": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
+                      "in_flight": 0, "peak_in_flight": 0, "started": time.time()}
+
+    def delay(self) -> float:
+        if self.latency <= 0:
+            return 0.0
+        if self.sigma > 0:
+            # Lognormal with the given median latency.
+            return self.latency * self.rng.lognormvariate(0.0, self.sigma)
+        return self.latency
+
+    async def completions(self, request: Request) -> JSONResponse:
+        body = await request.json()
+        user = body["messages"][-1]["content"]
+        doc = json.loads(user)
+        kind = "visit" if "current_visit_turn" in doc else "snippet"
+        self.stats["requests"] += 1
+        self.stats[kind] += 1
+        if self.error_rate and self.rng.random() < self.error_rate:
+            self.stats["errors"] += 1
+            return JSONResponse({"error": {"message": "simulated failure"}}, status_code=500)
+        if self.slots is not None:
+            await self.slots.acquire()
+        self.stats["in_flight"] += 1
+        self.stats["peak_in_flight"] = max(self.stats["peak_in_flight"], self.stats["in_flight"])
+        try:
+            pause = self.delay()
+            if pause:
+                await asyncio.sleep(pause)
+        finally:
+            self.stats["in_flight"] -= 1
+            if self.slots is not None:
+                self.slots.release()
+        answer = json.dumps(visit_answer(doc) if kind == "visit" else snippet_answer(doc))
+        prompt_tokens = (len(body["messages"][0]["content"]) + len(user)) // 4
+        completion_tokens = len(answer) // 4
+        self.stats["prompt_tokens"] += prompt_tokens
+        self.stats["completion_tokens"] += completion_tokens
+        return JSONResponse({
+            "id": f"sim-{self.stats['requests']}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "sim"),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        })
+
+    async def get_stats(self, _: Request) -> JSONResponse:
+        return JSONResponse(self.stats)
+
+    async def reset(self, _: Request) -> JSONResponse:
+        for key in ("requests", "visit", "snippet", "errors", "prompt_tokens", "completion_tokens", "peak_in_flight"):
+            self.stats[key] = 0
+        return JSONResponse(self.stats)
+
+
+def app(sim: Simulator) -> Starlette:
+    return Starlette(routes=[
+        Route("/v1/chat/completions", sim.completions, methods=["POST"]),
+        Route("/stats", sim.get_stats),
+        Route("/reset", sim.reset, methods=["POST"]),
+    ])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--latency", type=float, default=1.0, help="fixed (or median, with --lognormal-sigma) seconds")
+    parser.add_argument("--lognormal-sigma", type=float, default=0.0)
+    parser.add_argument("--concurrency", type=int, default=0, help="requests served at once (0: unlimited)")
+    parser.add_argument("--error-rate", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    sim = Simulator(args.latency, args.lognormal_sigma, args.concurrency, args.error_rate, args.seed)
+    uvicorn.run(app(sim), host="127.0.0.1", port=args.port, log_level="warning", backlog=4096, limit_concurrency=None)
+
+
+if __name__ == "__main__":
+    main()

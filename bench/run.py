@@ -1,0 +1,542 @@
+"""Run the benchmark suite and print/write the figures (see BENCHMARKS.md).
+
+    python -m bench.run                      # default: 32 x 8 step, 1 s judge latency
+    python -m bench.run --groups 8 --quick   # a smaller, faster pass
+
+Everything runs on this machine: the simulated judge, the API and workers as separate
+processes, Postgres and Redis (the local servers), and the in-trainer baseline in this
+process. CPU time is read from /proc (user + system, all threads) for the platform's
+processes (API, workers, Postgres backends) and, apart, for the simulated judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+
+from bench.baseline import as_documents, score_step
+from bench.workload import make_group, make_step
+from drcredit.domain.credit import plan_rollout
+from drcredit.domain.group import GroupIn, VisitTurn
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_ADMIN = os.environ.get("DRCREDIT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS = os.environ.get("DRCREDIT_BENCH_REDIS", "redis://127.0.0.1:6379/15")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def postgres_cpu() -> float:
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "comm").read_text().strip().startswith("postgres"):
+                    total += cpu_seconds(int(proc.name))
+            except OSError:
+                continue
+    return total
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+
+
+@dataclass
+class Stack:
+    """The judge simulator, the API and workers of one measurement."""
+
+    workdir: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Proc:
+        log = self.workdir / f"{name}-{len(self.procs)}.log"
+        popen = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+        self.procs.clear()
+
+
+def wait_http(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        time.sleep(0.1)
+
+
+def wait_log(proc: Proc, needle: bytes, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in proc.log.read_bytes():
+        if proc.popen.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.name} did not start:\n{proc.log.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+def start_judge(stack: Stack, latency: float, sigma: float) -> str:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.judge_sim", "--port", str(port), "--latency", str(latency),
+            "--lognormal-sigma", str(sigma)]
+    stack.spawn("judge", argv, dict(os.environ))
+    wait_http(f"http://127.0.0.1:{port}/stats")
+    return f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    name = f"drcredit_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def platform_env(judge: str, database_url: str, broker: str | None, concurrency: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
+    env.update({
+        "DRCREDIT_DATABASE_URL": database_url,
+        "DRCREDIT_JUDGE": "openai",
+        "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
+        "DRCREDIT_JUDGE_MODEL": "sim",
+        "DRCREDIT_JUDGE_TIMEOUT_S": "600",
+        "DRCREDIT_JUDGE_CONCURRENCY": str(concurrency),
+        "DRCREDIT_LOG_LEVEL": "WARNING",
+        "DRCREDIT_AUTO_MIGRATE": "true",
+        "DRCREDIT_MAX_BODY_BYTES": str(1 << 30),
+        "DRCREDIT_DATABASE_POOL_SIZE": "12",
+    })
+    if broker:
+        env["DRCREDIT_BROKER_URL"] = broker
+    return env
+
+
+def start_api(stack: Stack, env: dict[str, str]) -> tuple[str, Proc]:
+    port = free_port()
+    proc = stack.spawn("api", [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)], env)
+    wait_http(f"http://127.0.0.1:{port}/healthz")
+    return f"http://127.0.0.1:{port}", proc
+
+
+def start_worker(stack: Stack, env: dict[str, str], queues: str, concurrency: int) -> Proc:
+    argv = [sys.executable, "-m", "drcredit_cli.main", "worker", "--queues", queues, "--concurrency", str(concurrency)]
+    proc = stack.spawn(f"worker-{queues}", argv, {**env, "DRCREDIT_LOG_LEVEL": "INFO"})
+    wait_log(proc, b" ready.")
+    return proc
+
+
+# ----------------------------------------------------------------------------- workload facts
+
+
+def critical_path_calls(groups: list[dict[str, Any]], credits: dict[str, Any]) -> int:
+    """Longest chain of dependent judge calls in the step.
+
+    A rollout's visit chains are as long as its judged visits (every rubric's chain has
+    them all); a snippet call that was made waits for the visits whose credit decides
+    its saturation, so its depth is the chain position of the last of them plus one.
+    """
+    longest = 0
+    for doc in groups:
+        group = GroupIn.model_validate(doc)
+        breakdown = {r["id"]: r for r in credits[doc["group_id"]]["rollouts"]}
+        for rollout in group.rollouts:
+            plan = plan_rollout(group, rollout, group.params)
+            chain = plan.chains[0].turn_indices if plan.chains else ()
+            position = {t: k + 1 for k, t in enumerate(chain)}
+            depth = len(chain)
+            turns = breakdown[rollout.id]["turns"]
+            for task in plan.snippet_tasks:
+                called = any(j["kind"] == "snippet" and j["status"] in ("ok", "failed")
+                             for j in turns[task.turn_index]["judgments"])
+                if called:
+                    depth = max(depth, 1 + max((position.get(v, 0) for v in task.navigation_visits), default=0))
+            longest = max(longest, depth)
+    return longest
+
+
+def naive_calls(groups: list[dict[str, Any]]) -> int:
+    """Calls with no deterministic zeros, no saturation skip and no de-duplication."""
+    total = 0
+    for doc in groups:
+        group = GroupIn.model_validate(doc)
+        positive = len(group.positive_rubrics)
+        for rollout in group.rollouts:
+            total += positive * sum(isinstance(t, VisitTurn) for t in rollout.turns)
+            total += sum(1 for t in plan_rollout(group, rollout, group.params).snippet_tasks)
+    return total
+
+
+def max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    worst = 0.0
+    for gid, doc in b.items():
+        for ra, rb in zip(a[gid]["rollouts"], doc["rollouts"], strict=True):
+            for ta, tb in zip(ra["turns"], rb["turns"], strict=True):
+                worst = max(worst, abs(ta["advantage"] - tb["advantage"]))
+    return worst
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+# ----------------------------------------------------------------------------- one step through the platform
+
+
+@dataclass
+class StepRun:
+    wall_s: float
+    ingest_s: float
+    advantages: dict[str, Any]
+    credits: dict[str, Any]
+    judge: dict[str, Any]
+    cpu_platform_s: float
+    cpu_judge_s: float
+    peak_rss_mb: dict[str, float]
+
+
+def run_step(stack: Stack, api: str, groups: list[dict[str, Any]], judge: str, measured: list[Proc],
+             judge_proc: Proc, fetch_credits: bool = True) -> StepRun:
+    httpx.post(f"{judge}/reset")
+    cpu0 = sum(cpu_seconds(p.pid) for p in measured) + postgres_cpu()
+    judge_cpu0 = cpu_seconds(judge_proc.pid)
+    batch_id = f"bench-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(timeout=600) as client:
+        started = time.perf_counter()
+        r = client.post(f"{api}/v1/batches", json={"batch_id": batch_id, "groups": groups})
+        r.raise_for_status()
+        ingest = time.perf_counter() - started
+        while True:
+            r = client.get(f"{api}/v1/batches/{batch_id}/advantages", params={"wait": 60})
+            if r.status_code == 200:
+                break
+        wall = time.perf_counter() - started
+        cpu = sum(cpu_seconds(p.pid) for p in measured) + postgres_cpu() - cpu0
+        judge_cpu = cpu_seconds(judge_proc.pid) - judge_cpu0
+        docs = {g["group_id"]: g for g in r.json()["groups"]}
+        credits = {}
+        if fetch_credits:
+            for gid in docs:
+                credits[gid] = client.get(f"{api}/v1/groups/{gid}/credits").json()
+    stats = httpx.get(f"{judge}/stats").json()
+    return StepRun(wall, ingest, docs, credits, stats, cpu, judge_cpu, {p.name: peak_rss_mb(p.pid) for p in measured})
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(Path(tmp))
+        try:
+            judge = start_judge(stack, args.latency, args.sigma)
+            judge_proc = stack.procs[0]
+            label = f"latency {args.latency}s" + (f" lognormal sigma {args.sigma}" if args.sigma else "")
+            # Distributed: API + workers on Postgres and Redis.
+            redis.Redis.from_url(REDIS).flushdb()
+            with fresh_database() as db:
+                env = platform_env(judge, db, REDIS, args.concurrency)
+                api, api_proc = start_api(stack, env)
+                workers = [start_worker(stack, env, "visit_judge", args.concurrency) for _ in range(args.visit_workers)]
+                workers.append(start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4)))
+                dist = run_step(stack, api, groups, judge, [api_proc, *workers], judge_proc)
+                fetch = fetch_latencies(api, list(dist.advantages), args.fetches)
+                stack.procs = [judge_proc]
+                for proc in [api_proc, *workers]:
+                    proc.stop()
+            cp = critical_path_calls(groups, dist.credits)
+            bound = cp * args.latency
+            # Embedded: one API process, SQLite, in-process execution.
+            env = platform_env(judge, f"sqlite:///{Path(tmp) / 'embedded.sqlite3'}", None, args.embedded_concurrency)
+            api, api_proc = start_api(stack, env)
+            emb = run_step(stack, api, groups, judge, [api_proc], judge_proc, fetch_credits=False)
+            api_proc.stop()
+            # Baseline: asyncio in this process against the same judge.
+            httpx.post(f"{judge}/reset")
+            started = time.perf_counter()
+            base = asyncio.run(score_step(f"{judge}/v1", "sim", groups, args.baseline_concurrency))
+            base_wall = time.perf_counter() - started
+            base_stats = httpx.get(f"{judge}/stats").json()
+            base_docs = as_documents(groups, base)
+        finally:
+            stack.stop()
+    naive = naive_calls(groups)
+    rollouts = sum(len(g["rollouts"]) for g in groups)
+    results["step"] = {
+        "judge": label,
+        "groups": len(groups),
+        "rollouts": rollouts,
+        "critical_path_calls": cp,
+        "critical_path_bound_s": bound,
+        "distributed_wall_s": dist.wall_s,
+        "distributed_ratio_to_bound": dist.wall_s / bound if bound else None,
+        "embedded_wall_s": emb.wall_s,
+        "embedded_ratio_to_bound": emb.wall_s / bound if bound else None,
+        "baseline_wall_s": base_wall,
+        "baseline_ratio_to_bound": base_wall / bound if bound else None,
+        "distributed_vs_baseline": dist.wall_s / base_wall,
+        "max_abs_diff_distributed_vs_embedded": max_diff(dist.advantages, emb.advantages),
+        "max_abs_diff_distributed_vs_baseline": max_diff(dist.advantages, base_docs),
+        "judge_calls": dist.judge["requests"],
+        "judge_calls_embedded": emb.judge["requests"],
+        "judge_calls_baseline": base_stats["requests"],
+        "judge_calls_naive": naive,
+        "calls_ratio_to_naive": dist.judge["requests"] / naive,
+        "judge_calls_per_trajectory": dist.judge["requests"] / rollouts,
+        "prompt_tokens": dist.judge["prompt_tokens"],
+        "peak_judge_concurrency": dist.judge["peak_in_flight"],
+        "ingest_s": dist.ingest_s,
+        "ingest_groups_per_s": len(groups) / dist.ingest_s,
+        "fetch_advantages_ms": fetch,
+        "peak_rss_mb": {**dist.peak_rss_mb, "embedded api": emb.peak_rss_mb.get("api", 0.0)},
+        "platform_cpu_s_distributed": dist.cpu_platform_s,
+        "judge_sim_cpu_s": dist.cpu_judge_s,
+    }
+
+
+def fetch_latencies(api: str, group_ids: list[str], n: int) -> dict[str, float]:
+    samples = []
+    rng = random.Random(1)
+    with httpx.Client(timeout=60) as client:
+        for _ in range(n):
+            gid = rng.choice(group_ids)
+            started = time.perf_counter()
+            client.get(f"{api}/v1/groups/{gid}/advantages").raise_for_status()
+            samples.append((time.perf_counter() - started) * 1000)
+    return {"n": n, "p50": percentile(samples, 0.5), "p95": percentile(samples, 0.95), "p99": percentile(samples, 0.99),
+            "max": max(samples)}
+
+
+def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """An instant judge: what the platform itself costs per judge call."""
+    groups = make_step(args.dispatch_groups, args.rollouts, seed=99, page_tokens=args.page_tokens)
+    out: dict[str, Any] = {}
+    for workers in (1, args.visit_workers):
+        with tempfile.TemporaryDirectory() as tmp:
+            stack = Stack(Path(tmp))
+            try:
+                judge = start_judge(stack, 0.0, 0.0)
+                judge_proc = stack.procs[0]
+                redis.Redis.from_url(REDIS).flushdb()
+                with fresh_database() as db:
+                    env = platform_env(judge, db, REDIS, args.dispatch_concurrency)
+                    api, api_proc = start_api(stack, env)
+                    procs = [start_worker(stack, env, "visit_judge,snippet_matcher,credit_aggregator",
+                                          args.dispatch_concurrency) for _ in range(workers)]
+                    run = run_step(stack, api, groups, judge, [api_proc, *procs], judge_proc, fetch_credits=False)
+                    for proc in [api_proc, *procs]:
+                        proc.stop()
+            finally:
+                stack.stop()
+        calls = run.judge["requests"]
+        out[f"{workers}_worker"] = {
+            "workers": workers,
+            "judge_calls": calls,
+            "wall_s": run.wall_s,
+            "calls_per_s": calls / run.wall_s,
+            "calls_per_s_per_worker": calls / run.wall_s / workers,
+            "platform_cpu_ms_per_call": 1000 * run.cpu_platform_s / calls,
+            "judge_sim_cpu_ms_per_call": 1000 * run.cpu_judge_s / calls,
+        }
+    results["dispatch"] = out
+
+
+def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Rollouts arrive one by one; how long after the last one are the advantages there?"""
+    groups = [make_group(500 + k, f"stream-{uuid.uuid4().hex[:6]}-{k}", args.rollouts, args.page_tokens)
+              for k in range(args.stream_groups)]
+    samples = []
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(Path(tmp))
+        try:
+            judge = start_judge(stack, args.latency, 0.0)
+            redis.Redis.from_url(REDIS).flushdb()
+            with fresh_database() as db:
+                env = platform_env(judge, db, REDIS, args.concurrency)
+                api, _ = start_api(stack, env)
+                for _ in range(args.visit_workers):
+                    start_worker(stack, env, "visit_judge", args.concurrency)
+                start_worker(stack, env, "snippet_matcher,credit_aggregator", 32)
+                with httpx.Client(timeout=600) as client:
+                    for doc in groups:
+                        opening = {**doc, "rollouts": [], "expected_rollouts": len(doc["rollouts"])}
+                        client.post(f"{api}/v1/groups", json=opening).raise_for_status()
+                        for rollout in doc["rollouts"]:
+                            client.post(f"{api}/v1/groups/{doc['group_id']}/rollouts", json=rollout).raise_for_status()
+                            time.sleep(args.stream_spacing)
+                        last = time.perf_counter()
+                        while client.get(f"{api}/v1/groups/{doc['group_id']}/advantages",
+                                         params={"wait": 60}).status_code != 200:
+                            pass
+                        after = time.perf_counter() - last
+                        group = GroupIn.model_validate(doc)
+                        final = group.rollouts[-1]
+                        plan = plan_rollout(group, final, group.params)
+                        own = (len(plan.chains[0].turn_indices) if plan.chains else 0) + (1 if plan.snippet_tasks else 0)
+                        own_s = max(own, 1) * args.latency
+                        samples.append({"after_last_s": after, "last_rollout_critical_path_s": own_s,
+                                        "ratio": after / own_s})
+        finally:
+            stack.stop()
+    results["streaming"] = {"groups": samples, "worst_ratio": max(s["ratio"] for s in samples),
+                            "mean_ratio": statistics.mean(s["ratio"] for s in samples)}
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = []
+    if "step" in results:
+        s = results["step"]
+        lines += [
+            f"step: {s['groups']} groups, {s['rollouts']} rollouts, judge {s['judge']}",
+            f"  critical path          {s['critical_path_calls']} calls = {s['critical_path_bound_s']:.2f} s",
+            f"  distributed wall       {s['distributed_wall_s']:.2f} s   ({s['distributed_ratio_to_bound']:.3f}x bound)",
+            f"  embedded wall          {s['embedded_wall_s']:.2f} s   ({s['embedded_ratio_to_bound']:.3f}x bound)",
+            f"  in-trainer baseline    {s['baseline_wall_s']:.2f} s   ({s['baseline_ratio_to_bound']:.3f}x bound);"
+            f" distributed/baseline {s['distributed_vs_baseline']:.3f}",
+            f"  identical advantages   max |diff| dist-emb {s['max_abs_diff_distributed_vs_embedded']:.1e},"
+            f" dist-baseline {s['max_abs_diff_distributed_vs_baseline']:.1e}",
+            f"  judge calls            {s['judge_calls']} (embedded {s['judge_calls_embedded']}, baseline"
+            f" {s['judge_calls_baseline']}, naive {s['judge_calls_naive']}: {s['calls_ratio_to_naive']:.3f}x naive);"
+            f" {s['judge_calls_per_trajectory']:.1f} per trajectory; {s['prompt_tokens']} prompt tokens",
+            f"  peak judge concurrency {s['peak_judge_concurrency']}",
+            f"  ingest                 {s['ingest_s']:.2f} s ({s['ingest_groups_per_s']:.1f} groups/s)",
+            f"  fetch advantages       p50 {s['fetch_advantages_ms']['p50']:.1f} ms, p95"
+            f" {s['fetch_advantages_ms']['p95']:.1f} ms, p99 {s['fetch_advantages_ms']['p99']:.1f} ms",
+            f"  peak RSS (MB)          " + ", ".join(f"{k} {v:.0f}" for k, v in s["peak_rss_mb"].items()),
+        ]
+    if "dispatch" in results:
+        for key, d in results["dispatch"].items():
+            lines.append(
+                f"dispatch ({key}): {d['judge_calls']} calls in {d['wall_s']:.2f} s = {d['calls_per_s']:.0f} calls/s"
+                f" ({d['calls_per_s_per_worker']:.0f}/worker); platform CPU {d['platform_cpu_ms_per_call']:.2f} ms/call,"
+                f" judge sim {d['judge_sim_cpu_ms_per_call']:.2f} ms/call"
+            )
+    if "streaming" in results:
+        st = results["streaming"]
+        lines.append(f"streaming: after the last rollout, worst {st['worst_ratio']:.2f}x / mean {st['mean_ratio']:.2f}x"
+                     " of its own critical path")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=32)
+    parser.add_argument("--rollouts", type=int, default=8)
+    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--sigma", type=float, default=0.0, help="lognormal sigma of the judge latency (0: fixed)")
+    parser.add_argument("--page-tokens", type=int, default=2000)
+    parser.add_argument("--visit-workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=512, help="threads per visit worker")
+    parser.add_argument("--embedded-concurrency", type=int, default=1024)
+    parser.add_argument("--baseline-concurrency", type=int, default=4096)
+    parser.add_argument("--dispatch-groups", type=int, default=8)
+    parser.add_argument("--dispatch-concurrency", type=int, default=64)
+    parser.add_argument("--stream-groups", type=int, default=3)
+    parser.add_argument("--stream-spacing", type=float, default=0.5)
+    parser.add_argument("--fetches", type=int, default=300)
+    parser.add_argument("--sections", default="step,dispatch,streaming")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
+    args = parser.parse_args()
+
+    results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine()}
+    sections = set(args.sections.split(","))
+    if "step" in sections:
+        groups = make_step(args.groups, args.rollouts, seed=args.seed, page_tokens=args.page_tokens)
+        section_step(args, groups, results)
+    if "dispatch" in sections:
+        section_dispatch(args, results)
+    if "streaming" in sections:
+        section_streaming(args, results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(table(results))
+    print(f"\nwritten to {args.out}")
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown")
+    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(int(mem) / 1024 / 1024, 1),
+            "python": sys.version.split()[0]}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Client SDK of the DrCredit scoring service (the REST contract of API.md), on httpx.
+
+    from drcredit.client import DrCreditClient
+
+    with DrCreditClient() as client:  # $DRCREDIT_URL, $DRCREDIT_API_KEY
+        client.submit_group(group, group_id=f"{run}-step{step}-q{i}")
+        doc = client.wait_for_advantages(f"{run}-step{step}-q{i}", timeout=600)
+
+Choose ids you can recompute from your run: re-posting an id with the same content is
+idempotent on the server (no new judge calls), so after a crash or a retried POST the
+trainer gets the stored group back. :func:`new_group_id` makes a fresh one when needed.
+"""
+
+from drcredit.client._common import JSONDict, new_group_id
+from drcredit.client.aio import AsyncDrCreditClient
+from drcredit.client.errors import (
+    AuthError,
+    Conflict,
+    DrCreditConnectionError,
+    DrCreditError,
+    DrCreditTimeout,
+    GroupFailed,
+    InvalidRequest,
+    NotFound,
+    NotReady,
+    PayloadTooLarge,
+    ServerError,
+)
+from drcredit.client.sync import DrCreditClient
+
+__all__ = [
+    "AsyncDrCreditClient",
+    "AuthError",
+    "Conflict",
+    "DrCreditClient",
+    "DrCreditConnectionError",
+    "DrCreditError",
+    "DrCreditTimeout",
+    "GroupFailed",
+    "InvalidRequest",
+    "JSONDict",
+    "NotFound",
+    "NotReady",
+    "PayloadTooLarge",
+    "ServerError",
+    "new_group_id",
+]

@@ -1,0 +1,501 @@
+"""What the sync and async clients share: configuration, request building, retries,
+error mapping and the decisions of the long-poll loops.
+
+The two clients only perform I/O (``httpx.Client`` or ``httpx.AsyncClient``, ``time.sleep``
+or ``asyncio.sleep``); every rule lives here once, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Protocol, TypeAlias, runtime_checkable
+from urllib.parse import quote
+
+import httpx
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+
+import drcredit
+from drcredit.client.errors import (
+    DrCreditConnectionError,
+    DrCreditError,
+    DrCreditTimeout,
+    GroupFailed,
+    NotReady,
+    error_for_response,
+)
+
+ENV_URL = "DRCREDIT_URL"
+ENV_API_KEY = "DRCREDIT_API_KEY"
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_TIMEOUT_S = 30.0
+
+#: The service's id pattern (API.md): ids the client makes must be accepted as they are.
+ID_PATTERN = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
+#: Never poll faster than this, even when the server's long-poll cap is short.
+MIN_POLL_INTERVAL_S = 0.25
+#: With a progress bar, long-poll in chunks this short so the bar moves.
+PROGRESS_TICK_S = 1.0
+FINAL = ("done", "failed")
+
+JSONDict: TypeAlias = dict[str, Any]
+
+
+@runtime_checkable
+class SupportsModelDump(Protocol):
+    """A pydantic model (e.g. ``drcredit.domain.group.GroupIn``), dumped to JSON before posting."""
+
+    def model_dump(self, *, mode: str = ..., exclude_unset: bool = ...) -> dict[str, Any]: ...
+
+
+Document: TypeAlias = Mapping[str, Any] | SupportsModelDump
+
+
+def new_group_id(prefix: str = "") -> str:
+    """A fresh id the service accepts (``[A-Za-z0-9-_.:]{1,128}``), for a group or a batch.
+
+    Prefer ids derived from your run (``f"{run}-step{step}-q{i}"``): re-posting after a crash
+    then returns the stored group instead of judging it again. Use this for one-off posts.
+    """
+    ident = f"{prefix}-{uuid.uuid4().hex}" if prefix else uuid.uuid4().hex
+    if not ID_PATTERN.match(ident):
+        raise ValueError(f"prefix {prefix!r} gives an invalid id; use at most 95 of A-Z a-z 0-9 - _ . :")
+    return ident
+
+
+def as_document(value: Document, what: str) -> JSONDict:
+    """A JSON object from a mapping or a pydantic model.
+
+    Models are dumped with ``exclude_unset`` so that fields left at their defaults are not
+    sent and the service applies its own (e.g. the failure policy from its settings).
+    """
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, SupportsModelDump):
+        doc = value.model_dump(mode="json", exclude_unset=True)
+        if isinstance(doc, dict):
+            return doc
+    raise TypeError(f"{what} must be a mapping or a pydantic model, got {type(value).__name__}")
+
+
+def _segment(ident: str) -> str:
+    """One URL path segment; ``.`` and ``..`` are valid ids that httpx would otherwise resolve away."""
+    quoted = quote(ident, safe="-_.:~")
+    return quoted.replace(".", "%2E") if ident in (".", "..") else quoted
+
+
+def _pick_id(in_document: Any, argument: str | None, name: str) -> str:
+    if argument is not None and in_document is not None and in_document != argument:
+        raise ValueError(f"{name} {argument!r} differs from the document's {in_document!r}")
+    chosen = argument if argument is not None else in_document
+    if chosen is None:
+        return new_group_id()
+    if not isinstance(chosen, str):
+        raise TypeError(f"{name} must be a string, got {type(chosen).__name__}")
+    return chosen
+
+
+# ---------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter; ``max_attempts`` counts the first try."""
+
+    max_attempts: int = 4
+    backoff_initial: float = 0.5
+    backoff_max: float = 8.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.backoff_initial < 0 or self.backoff_max < 0:
+            raise ValueError("backoffs must not be negative")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    base_url: str
+    headers: dict[str, str]
+    timeout: httpx.Timeout
+    retry: RetryPolicy
+
+    @classmethod
+    def create(
+        cls,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float | httpx.Timeout | None,
+        retry: RetryPolicy,
+        headers: Mapping[str, str] | None,
+    ) -> ClientConfig:
+        url = (base_url or os.environ.get(ENV_URL) or DEFAULT_URL).rstrip("/")
+        key = api_key if api_key is not None else os.environ.get(ENV_API_KEY)
+        merged = {"User-Agent": f"drcredit-client/{drcredit.__version__}", "Accept": "application/json"}
+        if key:
+            merged["Authorization"] = f"Bearer {key}"
+        merged.update(headers or {})
+        return cls(url, merged, timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout), retry)
+
+    def timeout_for(self, call: Call) -> httpx.Timeout:
+        """The client's timeout, with the read timeout stretched by a long-poll's wait."""
+        t = self.timeout
+        if not call.wait or t.read is None:
+            return t
+        return httpx.Timeout(connect=t.connect, read=t.read + call.wait, write=t.write, pool=t.pool)
+
+    def retrying(self, call: Call) -> dict[str, Any]:
+        """Keyword arguments for tenacity's ``Retrying``/``AsyncRetrying`` for this call."""
+        return {
+            "stop": stop_after_attempt(self.retry.max_attempts if call.retry else 1),
+            "wait": _Backoff(self.retry),
+            "retry": retry_if_exception_type(TRANSIENT),
+            "reraise": True,
+        }
+
+
+class _Backoff:
+    """Exponential backoff with jitter, stretched to a 503's ``Retry-After`` (up to the max)."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.base = wait_exponential_jitter(
+            initial=policy.backoff_initial, max=policy.backoff_max, jitter=policy.backoff_initial
+        )
+
+    def __call__(self, state: RetryCallState) -> float:
+        delay = float(self.base(state))
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, Transient) and exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, self.policy.backoff_max))
+        return delay
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request: ``retry`` says whether sending it twice is harmless."""
+
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    json: Any = None
+    retry: bool = True
+    wait: float = 0.0
+    accept: tuple[int, ...] = ()
+    text: bool = False
+
+
+class Transient(Exception):
+    """A 5xx answer, raised inside the retry loop so tenacity retries it."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+        self.retry_after: float | None = None
+        header = response.headers.get("retry-after")
+        if header:
+            try:
+                self.retry_after = max(0.0, float(header))
+            except ValueError:
+                self.retry_after = None
+
+
+TRANSIENT: tuple[type[BaseException], ...] = (
+    Transient,
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+)
+
+
+def check_transient(response: httpx.Response, call: Call) -> httpx.Response:
+    if response.status_code >= 500 and response.status_code not in call.accept:
+        raise Transient(response)
+    return response
+
+
+def _body(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def finish(response: httpx.Response, call: Call, attempts: int = 1) -> Any:
+    """The decoded answer, or the typed error for an error status."""
+    status = response.status_code
+    if 200 <= status < 300 or status in call.accept:
+        if call.text:
+            return response.text
+        try:
+            return response.json()
+        except ValueError:
+            raise DrCreditError(
+                status, "the service answered with a body that is not JSON", body=response.text
+            ) from None
+    raise error_for_response(status, _body(response), response.text, attempts=attempts)
+
+
+def json_object(value: Any) -> JSONDict:
+    if not isinstance(value, dict):
+        raise DrCreditError(None, f"expected a JSON object from the service, got {type(value).__name__}", body=value)
+    return value
+
+
+def give_up(exc: BaseException, call: Call, base_url: str, attempts: int) -> DrCreditError:
+    """The error to raise once retries are exhausted (or not allowed)."""
+    if isinstance(exc, Transient):
+        return error_for_response(exc.response.status_code, _body(exc.response), exc.response.text, attempts=attempts)
+    what = "timed out" if isinstance(exc, httpx.TimeoutException) else "failed"
+    detail = str(exc) or type(exc).__name__
+    return DrCreditConnectionError(
+        f"{call.method} {base_url}{call.path} {what} after {attempts} attempt(s): {detail}", attempts=attempts
+    )
+
+
+# ---------------------------------------------------------------------------- endpoints
+
+
+def _params(params: Document | None) -> JSONDict:
+    return {} if params is None else as_document(params, "params")
+
+
+def submit_group(group: Document, group_id: str | None, params: Document | None, metadata: Any) -> Call:
+    doc = as_document(group, "group")
+    doc["group_id"] = _pick_id(doc.get("group_id"), group_id, "group_id")
+    if params is not None:
+        doc["params"] = _params(params)
+    if metadata is not None:
+        doc["metadata"] = metadata
+    return Call("POST", "/v1/groups", json=doc, retry=True)
+
+
+def open_group(
+    question: str,
+    rubrics: Iterable[Document],
+    expected_rollouts: int,
+    group_id: str | None,
+    rollouts: Iterable[Document],
+    params: Document | None,
+    metadata: Any,
+) -> Call:
+    doc: JSONDict = {
+        "group_id": _pick_id(None, group_id, "group_id"),
+        "question": question,
+        "rubrics": [as_document(r, "rubric") for r in rubrics],
+        "rollouts": [as_document(r, "rollout") for r in rollouts],
+        "expected_rollouts": expected_rollouts,
+    }
+    if params is not None:
+        doc["params"] = _params(params)
+    if metadata is not None:
+        doc["metadata"] = metadata
+    return Call("POST", "/v1/groups", json=doc, retry=True)
+
+
+def add_rollout(group_id: str, rollout: Document) -> Call:
+    doc = as_document(rollout, "rollout")
+    # Idempotent on the rollout id, so a retry is safe exactly when there is one.
+    return Call("POST", f"/v1/groups/{_segment(group_id)}/rollouts", json=doc, retry=doc.get("id") is not None)
+
+
+def submit_batch(groups: Iterable[Document], batch_id: str | None) -> Call:
+    doc = {"batch_id": _pick_id(None, batch_id, "batch_id"), "groups": [as_document(g, "group") for g in groups]}
+    return Call("POST", "/v1/batches", json=doc, retry=True)
+
+
+def group_status(group_id: str) -> Call:
+    return Call("GET", f"/v1/groups/{_segment(group_id)}")
+
+
+def batch_status(batch_id: str) -> Call:
+    return Call("GET", f"/v1/batches/{_segment(batch_id)}")
+
+
+def _waiting(path: str, wait: float | None) -> Call:
+    if wait is None:
+        return Call("GET", path)
+    if wait < 0 or math.isnan(wait):
+        raise ValueError("wait must be a non-negative number of seconds")
+    return Call("GET", path, params={"wait": wait}, wait=wait)
+
+
+def advantages(group_id: str, wait: float | None) -> Call:
+    return _waiting(f"/v1/groups/{_segment(group_id)}/advantages", wait)
+
+
+def batch_advantages(batch_id: str, wait: float | None) -> Call:
+    return _waiting(f"/v1/batches/{_segment(batch_id)}/advantages", wait)
+
+
+def credits(group_id: str, wait: float | None) -> Call:
+    return _waiting(f"/v1/groups/{_segment(group_id)}/credits", wait)
+
+
+def replay(group_id: str, params: Document | None) -> Call:
+    # Recomputes from stored judgments with no judge call: repeating it is harmless.
+    return Call("POST", f"/v1/groups/{_segment(group_id)}/replay", json={"params": _params(params)}, retry=True)
+
+
+def healthz() -> Call:
+    return Call("GET", "/healthz")
+
+
+def readyz() -> Call:
+    # 503 is an answer here (which check failed), not a fault to retry.
+    return Call("GET", "/readyz", accept=(503,))
+
+
+def metrics() -> Call:
+    return Call("GET", "/metrics", text=True)
+
+
+# ---------------------------------------------------------------------------- waiting
+
+
+class ProgressBar:
+    """A rich progress bar on stderr when enabled; otherwise every method does nothing."""
+
+    def __init__(self, enabled: bool, description: str, unit: str) -> None:
+        self.enabled = enabled
+        self._progress: Progress | None = None
+        self._description = description
+        if enabled:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn(unit),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+            self._task = self._progress.add_task(description, total=None, status="")
+
+    def __enter__(self) -> ProgressBar:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def show(self, done: int, total: int | None, status: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total or None, status=status)
+
+    def complete(self) -> None:
+        if self._progress is not None:
+            task = self._progress.tasks[0]
+            total = int(task.total) if task.total else 1
+            self._progress.update(self._task, completed=total, total=total, status="done")
+
+
+@dataclass
+class Waiter:
+    """The decisions of ``wait_for_advantages`` / ``wait_for_batch``; the clients do the I/O.
+
+    Each round long-polls for at most ``min(poll_wait, remaining)`` seconds (a progress bar
+    shortens rounds so it moves), fetches the status when a bar is shown or time is up,
+    and raises :class:`DrCreditTimeout` with that status once the deadline has passed.
+    """
+
+    kind: str  # "group" | "batch"
+    ident: str
+    timeout: float | None
+    poll_wait: float
+    progress: bool
+    status: str | None = None
+    document: JSONDict | None = None
+    started: float = field(default_factory=time.monotonic)
+    bar: ProgressBar = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and (self.timeout < 0 or math.isnan(self.timeout)):
+            raise ValueError("timeout must be a non-negative number of seconds (or None to wait forever)")
+        if self.poll_wait <= 0:
+            raise ValueError("poll_wait must be positive")
+        unit = "judgments" if self.kind == "group" else "groups"
+        self.bar = ProgressBar(self.progress, f"{self.kind} {self.ident}", unit)
+        self.round_started = self.started
+
+    def remaining(self) -> float:
+        if self.timeout is None:
+            return math.inf
+        return max(0.0, self.started + self.timeout - time.monotonic())
+
+    def next_wait(self) -> float:
+        self.round_started = time.monotonic()
+        chunk = min(self.poll_wait, PROGRESS_TICK_S) if self.progress else self.poll_wait
+        return max(0.0, min(chunk, self.remaining()))
+
+    def finished(self, document: JSONDict) -> JSONDict:
+        """The final document; raises :class:`GroupFailed` when a batch holds failed groups."""
+        failed = [g for g in document.get("groups", []) if isinstance(g, dict) and g.get("status") == "failed"]
+        if self.kind == "batch":
+            total = len(document.get("groups", []))
+            self.bar.show(total, total, str(document.get("status")))
+        if failed:
+            lines = "; ".join(f"{g.get('group_id')}: {g.get('error')}" for g in failed)
+            raise GroupFailed(
+                f"batch {self.ident!r}: {len(failed)} group(s) failed: {lines}",
+                group_ids=[str(g.get("group_id")) for g in failed],
+                document=document,
+            )
+        self.bar.complete()
+        return document
+
+    def not_ready(self, exc: NotReady) -> None:
+        self.status = exc.status
+        if exc.status == "failed":
+            raise GroupFailed(exc.message, group_ids=[self.ident], document=None) from exc
+
+    def wants_status(self) -> bool:
+        return self.progress or self.remaining() <= 0
+
+    def saw_status(self, document: JSONDict) -> None:
+        self.document = document
+        self.status = str(document.get("status"))
+        if self.kind == "group":
+            p = document.get("progress") or {}
+            self.bar.show(int(p.get("judgments_done", 0)), int(p.get("judgments_total", 0)), self.status)
+        else:
+            groups = document.get("groups") or []
+            done = sum(1 for g in groups if g.get("status") in FINAL)
+            self.bar.show(done, len(groups), self.status)
+
+    def check_deadline(self) -> None:
+        if self.remaining() > 0:
+            return
+        detail = ""
+        if self.kind == "group" and self.document is not None:
+            p = self.document.get("progress") or {}
+            detail = f", {p.get('judgments_done')}/{p.get('judgments_total')} judgments"
+        elif self.document is not None:
+            groups = self.document.get("groups") or []
+            done = sum(1 for g in groups if g.get("status") in FINAL)
+            detail = f", {done}/{len(groups)} groups finished"
+        raise DrCreditTimeout(
+            f"{self.kind} {self.ident!r} not finished after {self.timeout}s (status {self.status}{detail})",
+            status=self.status,
+            document=self.document,
+        )
+
+    def pause(self) -> float:
+        """Seconds to sleep before the next round, so a short server-side wait cap is not hammered."""
+        elapsed = time.monotonic() - self.round_started
+        return max(0.0, min(MIN_POLL_INTERVAL_S - elapsed, self.remaining()))
