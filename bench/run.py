@@ -478,7 +478,7 @@ def table(results: dict[str, Any]) -> str:
             f"  ingest                 {s['ingest_s']:.2f} s ({s['ingest_groups_per_s']:.1f} groups/s)",
             f"  fetch advantages       p50 {s['fetch_advantages_ms']['p50']:.1f} ms, p95"
             f" {s['fetch_advantages_ms']['p95']:.1f} ms, p99 {s['fetch_advantages_ms']['p99']:.1f} ms",
-            f"  peak RSS (MB)          " + ", ".join(f"{k} {v:.0f}" for k, v in s["peak_rss_mb"].items()),
+            "  peak RSS (MB)          " + ", ".join(f"{k} {v:.0f}" for k, v in s["peak_rss_mb"].items()),
         ]
     if "dispatch" in results:
         for key, d in results["dispatch"].items():

@@ -939,7 +939,7 @@ class Pipeline:
             try:
                 credits = group_credits(content, judgments, params)
                 advantages = group_advantages(content, credits, params)
-            except Exception as exc:  # noqa: BLE001 - a group that cannot be scored must say so
+            except Exception as exc:
                 log.exception("aggregation of group %s failed", group_pk)
                 reason = f"aggregation failed: {type(exc).__name__}: {exc}"
                 group.status, group.error, group.finished_at = "failed", reason, now()
