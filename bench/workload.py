@@ -12,7 +12,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-WORDS = ["grid", "storage", "battery", "thermal", "runaway", "module", "inspection", "report", "utility", "rule", "hearing", "emergency", "cell", "vent", "gas", "detection", "suppression", "spacing", "fire", "code", "standard", "test", "cabinet", "container", "operator", "commission", "docket", "permit", "county", "regulator", "incident", "timeline", "analysis", "failure", "cause", "evidence", "summary", "finding", "recommendation", "state"]
+WORDS = tuple(
+    "grid storage battery thermal runaway module inspection report utility rule hearing emergency cell vent gas detection "
+    "suppression spacing fire code standard test cabinet container operator commission docket permit county regulator "
+    "incident timeline analysis failure cause evidence summary finding recommendation state".split(" ")
+)
 
 
 def _text(rng: random.Random, words: int, facts: list[int]) -> str:
