@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 import time
 import uuid
@@ -21,7 +22,7 @@ from urllib.parse import quote
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
+from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt
 
 import drcredit
 from drcredit.client.errors import (
@@ -163,19 +164,22 @@ class ClientConfig:
 
 
 class _Backoff:
-    """Exponential backoff with jitter, stretched to a 503's ``Retry-After`` (up to the max)."""
+    """Exponential backoff with jitter, stretched to a 503's ``Retry-After`` (up to the max).
+
+    Attempt n waits ``initial * 2**(n-1)`` plus up to ``initial`` of jitter, capped at
+    ``backoff_max``; the jitter keeps many trainer processes from retrying in lockstep.
+    """
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
-        self.base = wait_exponential_jitter(
-            initial=policy.backoff_initial, max=policy.backoff_max, jitter=policy.backoff_initial
-        )
 
     def __call__(self, state: RetryCallState) -> float:
-        delay = float(self.base(state))
+        p = self.policy
+        exponent = min(state.attempt_number - 1, 62)
+        delay = min(p.backoff_initial * 2.0**exponent + random.uniform(0, p.backoff_initial), p.backoff_max)
         exc = state.outcome.exception() if state.outcome is not None else None
         if isinstance(exc, Transient) and exc.retry_after is not None:
-            delay = max(delay, min(exc.retry_after, self.policy.backoff_max))
+            delay = max(delay, min(exc.retry_after, p.backoff_max))
         return delay
 
 
@@ -445,17 +449,17 @@ class Waiter:
 
     def finished(self, document: JSONDict) -> JSONDict:
         """The final document; raises :class:`GroupFailed` when a batch holds failed groups."""
-        failed = [g for g in document.get("groups", []) if isinstance(g, dict) and g.get("status") == "failed"]
         if self.kind == "batch":
-            total = len(document.get("groups", []))
-            self.bar.show(total, total, str(document.get("status")))
-        if failed:
-            lines = "; ".join(f"{g.get('group_id')}: {g.get('error')}" for g in failed)
-            raise GroupFailed(
-                f"batch {self.ident!r}: {len(failed)} group(s) failed: {lines}",
-                group_ids=[str(g.get("group_id")) for g in failed],
-                document=document,
-            )
+            groups = [g for g in document.get("groups", []) if isinstance(g, dict)]
+            self.bar.show(len(groups), len(groups), str(document.get("status")))
+            failed = [g for g in groups if g.get("status") == "failed"]
+            if failed:
+                lines = "; ".join(f"{g.get('group_id')}: {g.get('error')}" for g in failed)
+                raise GroupFailed(
+                    f"batch {self.ident!r}: {len(failed)} of {len(groups)} group(s) failed: {lines}",
+                    group_ids=[str(g.get("group_id")) for g in failed],
+                    document=document,
+                )
         self.bar.complete()
         return document
 
