@@ -43,8 +43,9 @@ async def score_group(client: AsyncOpenAI, model: str, group: GroupIn, limit: as
             turn = rollout.turns[t]
             assert isinstance(turn, VisitTurn)
             request = VisitJudgeRequest(group.question, rubric, tuple(history), turn, t, visits.index(t))
-            verdict = validate_visit_answer(await _ask(client, model, visit_prompt(request).messages, limit),
-                                            request.usable_page_ids)
+            verdict = validate_visit_answer(
+                await _ask(client, model, visit_prompt(request).messages, limit), request.usable_page_ids
+            )
             levels[(rollout_id, t, rubric_id)] = verdict.level
             if verdict.level:
                 history.extend(verdict.support_points)
@@ -67,7 +68,8 @@ async def score_group(client: AsyncOpenAI, model: str, group: GroupIn, limit: as
             request = SnippetJudgeRequest(group.question, tuple(group.positive_rubrics), task.eligible)
             verdict = accept_snippet_matches(
                 await _ask(client, model, snippet_prompt(request).messages, limit),
-                [r.id for r in group.positive_rubrics], {r.id: r.snippet for r in task.eligible},
+                [r.id for r in group.positive_rubrics],
+                {r.id: r.snippet for r in task.eligible},
             )
             matches[(rollout.id, task.turn_index)] = len(verdict.accepted)
 
@@ -78,7 +80,9 @@ async def score_group(client: AsyncOpenAI, model: str, group: GroupIn, limit: as
     return group_advantages(group, group_credits(group, judgments, params), params)
 
 
-async def score_step(base_url: str, model: str, groups: list[dict[str, Any]], concurrency: int) -> list[GroupAdvantages]:
+async def score_step(
+    base_url: str, model: str, groups: list[dict[str, Any]], concurrency: int
+) -> list[GroupAdvantages]:
     client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=3, timeout=600)
     limit = asyncio.Semaphore(concurrency)
     try:
@@ -91,10 +95,16 @@ async def score_step(base_url: str, model: str, groups: list[dict[str, Any]], co
 def as_documents(groups: list[dict[str, Any]], results: list[GroupAdvantages]) -> dict[str, Any]:
     out = {}
     for doc, adv in zip(groups, results, strict=True):
-        out[doc["group_id"]] = {"rollouts": [
-            {"id": r.rollout_id, "outcome_advantage": r.outcome_advantage,
-             "turns": [{"index": t.index, "advantage": t.advantage, "credit": t.credit} for t in r.turns]}
-            for r in adv.rollouts]}
+        out[doc["group_id"]] = {
+            "rollouts": [
+                {
+                    "id": r.rollout_id,
+                    "outcome_advantage": r.outcome_advantage,
+                    "turns": [{"index": t.index, "advantage": t.advantage, "credit": t.credit} for t in r.turns],
+                }
+                for r in adv.rollouts
+            ]
+        }
     return out
 
 

@@ -64,7 +64,9 @@ def snippet_answer(doc: dict[str, Any]) -> dict[str, Any]:
             for m in FACT.finditer(result["snippet"]):
                 if fact_level(m.group(1), rubric["id"]) == 2 and m.group(0) not in used:
                     used.add(m.group(0))
-                    matches.append({"rubric_id": rubric["id"], "result_id": result["result_id"], "evidence_quote": m.group(0)})
+                    matches.append(
+                        {"rubric_id": rubric["id"], "result_id": result["result_id"], "evidence_quote": m.group(0)}
+                    )
                     break
             else:
                 continue
@@ -77,8 +79,17 @@ class Simulator:
         self.latency, self.sigma, self.error_rate = latency, sigma, error_rate
         self.rng = random.Random(seed)
         self.slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
-        self.stats = {"requests": 0, "visit": 0, "snippet": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
-                      "in_flight": 0, "peak_in_flight": 0, "started": time.time()}
+        self.stats = {
+            "requests": 0,
+            "visit": 0,
+            "snippet": 0,
+            "errors": 0,
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "in_flight": 0,
+            "peak_in_flight": 0,
+            "started": time.time(),
+        }
 
     def delay(self) -> float:
         if self.latency <= 0:
@@ -115,13 +126,20 @@ class Simulator:
         completion_tokens = len(answer) // 4
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens
-        return JSONResponse({
-            "id": f"sim-{self.stats['requests']}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", "sim"),
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        })
+        return JSONResponse(
+            {
+                "id": f"sim-{self.stats['requests']}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "sim"),
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            }
+        )
 
     async def get_stats(self, _: Request) -> JSONResponse:
         return JSONResponse(self.stats)
@@ -133,11 +151,13 @@ class Simulator:
 
 
 def app(sim: Simulator) -> Starlette:
-    return Starlette(routes=[
-        Route("/v1/chat/completions", sim.completions, methods=["POST"]),
-        Route("/stats", sim.get_stats),
-        Route("/reset", sim.reset, methods=["POST"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", sim.completions, methods=["POST"]),
+            Route("/stats", sim.get_stats),
+            Route("/reset", sim.reset, methods=["POST"]),
+        ]
+    )
 
 
 def main() -> None:

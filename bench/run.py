@@ -146,8 +146,17 @@ def wait_log(proc: Proc, needle: bytes, timeout: float = 60) -> None:
 
 def start_judge(stack: Stack, latency: float, sigma: float) -> str:
     port = free_port()
-    argv = [sys.executable, "-m", "bench.judge_sim", "--port", str(port), "--latency", str(latency),
-            "--lognormal-sigma", str(sigma)]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.judge_sim",
+        "--port",
+        str(port),
+        "--latency",
+        str(latency),
+        "--lognormal-sigma",
+        str(sigma),
+    ]
     stack.spawn("judge", argv, dict(os.environ))
     wait_http(f"http://127.0.0.1:{port}/stats")
     return f"http://127.0.0.1:{port}"
@@ -167,18 +176,20 @@ def fresh_database() -> Iterator[str]:
 
 def platform_env(judge: str, database_url: str, broker: str | None, concurrency: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
-    env.update({
-        "DRCREDIT_DATABASE_URL": database_url,
-        "DRCREDIT_JUDGE": "openai",
-        "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
-        "DRCREDIT_JUDGE_MODEL": "sim",
-        "DRCREDIT_JUDGE_TIMEOUT_S": "600",
-        "DRCREDIT_JUDGE_CONCURRENCY": str(concurrency),
-        "DRCREDIT_LOG_LEVEL": "WARNING",
-        "DRCREDIT_AUTO_MIGRATE": "true",
-        "DRCREDIT_MAX_BODY_BYTES": str(1 << 30),
-        "DRCREDIT_DATABASE_POOL_SIZE": "12",
-    })
+    env.update(
+        {
+            "DRCREDIT_DATABASE_URL": database_url,
+            "DRCREDIT_JUDGE": "openai",
+            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
+            "DRCREDIT_JUDGE_MODEL": "sim",
+            "DRCREDIT_JUDGE_TIMEOUT_S": "600",
+            "DRCREDIT_JUDGE_CONCURRENCY": str(concurrency),
+            "DRCREDIT_LOG_LEVEL": "WARNING",
+            "DRCREDIT_AUTO_MIGRATE": "true",
+            "DRCREDIT_MAX_BODY_BYTES": str(1 << 30),
+            "DRCREDIT_DATABASE_POOL_SIZE": "12",
+        }
+    )
     if broker:
         env["DRCREDIT_BROKER_URL"] = broker
     return env
@@ -219,8 +230,10 @@ def critical_path_calls(groups: list[dict[str, Any]], credits: dict[str, Any]) -
             depth = len(chain)
             turns = breakdown[rollout.id]["turns"]
             for task in plan.snippet_tasks:
-                called = any(j["kind"] == "snippet" and j["status"] in ("ok", "failed")
-                             for j in turns[task.turn_index]["judgments"])
+                called = any(
+                    j["kind"] == "snippet" and j["status"] in ("ok", "failed")
+                    for j in turns[task.turn_index]["judgments"]
+                )
                 if called:
                     depth = max(depth, 1 + max((position.get(v, 0) for v in task.navigation_visits), default=0))
             longest = max(longest, depth)
@@ -268,8 +281,15 @@ class StepRun:
     peak_rss_mb: dict[str, float]
 
 
-def run_step(stack: Stack, api: str, groups: list[dict[str, Any]], judge: str, measured: list[Proc],
-             judge_proc: Proc, fetch_credits: bool = True) -> StepRun:
+def run_step(
+    stack: Stack,
+    api: str,
+    groups: list[dict[str, Any]],
+    judge: str,
+    measured: list[Proc],
+    judge_proc: Proc,
+    fetch_credits: bool = True,
+) -> StepRun:
     httpx.post(f"{judge}/reset")
     cpu0 = sum(cpu_seconds(p.pid) for p in measured) + postgres_cpu()
     judge_cpu0 = cpu_seconds(judge_proc.pid)
@@ -311,7 +331,9 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
                 env = platform_env(judge, db, REDIS, args.concurrency)
                 api, api_proc = start_api(stack, env)
                 workers = [start_worker(stack, env, "visit_judge", args.concurrency) for _ in range(args.visit_workers)]
-                workers.append(start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4)))
+                workers.append(
+                    start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4))
+                )
                 dist = run_step(stack, api, groups, judge, [api_proc, *workers], judge_proc)
                 fetch = fetch_latencies(api, list(dist.advantages), args.fetches)
                 stack.procs = [judge_proc]
@@ -376,8 +398,13 @@ def fetch_latencies(api: str, group_ids: list[str], n: int) -> dict[str, float]:
             started = time.perf_counter()
             client.get(f"{api}/v1/groups/{gid}/advantages").raise_for_status()
             samples.append((time.perf_counter() - started) * 1000)
-    return {"n": n, "p50": percentile(samples, 0.5), "p95": percentile(samples, 0.95), "p99": percentile(samples, 0.99),
-            "max": max(samples)}
+    return {
+        "n": n,
+        "p50": percentile(samples, 0.5),
+        "p95": percentile(samples, 0.95),
+        "p99": percentile(samples, 0.99),
+        "max": max(samples),
+    }
 
 
 def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -394,8 +421,12 @@ def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 with fresh_database() as db:
                     env = platform_env(judge, db, REDIS, args.dispatch_concurrency)
                     api, api_proc = start_api(stack, env)
-                    procs = [start_worker(stack, env, "visit_judge,snippet_matcher,credit_aggregator",
-                                          args.dispatch_concurrency) for _ in range(workers)]
+                    procs = [
+                        start_worker(
+                            stack, env, "visit_judge,snippet_matcher,credit_aggregator", args.dispatch_concurrency
+                        )
+                        for _ in range(workers)
+                    ]
                     run = run_step(stack, api, groups, judge, [api_proc, *procs], judge_proc, fetch_credits=False)
                     for proc in [api_proc, *procs]:
                         proc.stop()
@@ -416,8 +447,10 @@ def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Rollouts arrive one by one; how long after the last one are the advantages there?"""
-    groups = [make_group(500 + k, f"stream-{uuid.uuid4().hex[:6]}-{k}", args.rollouts, args.page_tokens)
-              for k in range(args.stream_groups)]
+    groups = [
+        make_group(500 + k, f"stream-{uuid.uuid4().hex[:6]}-{k}", args.rollouts, args.page_tokens)
+        for k in range(args.stream_groups)
+    ]
     samples = []
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(Path(tmp))
@@ -438,21 +471,29 @@ def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None
                             client.post(f"{api}/v1/groups/{doc['group_id']}/rollouts", json=rollout).raise_for_status()
                             time.sleep(args.stream_spacing)
                         last = time.perf_counter()
-                        while client.get(f"{api}/v1/groups/{doc['group_id']}/advantages",
-                                         params={"wait": 60}).status_code != 200:
+                        while (
+                            client.get(f"{api}/v1/groups/{doc['group_id']}/advantages", params={"wait": 60}).status_code
+                            != 200
+                        ):
                             pass
                         after = time.perf_counter() - last
                         group = GroupIn.model_validate(doc)
                         final = group.rollouts[-1]
                         plan = plan_rollout(group, final, group.params)
-                        own = (len(plan.chains[0].turn_indices) if plan.chains else 0) + (1 if plan.snippet_tasks else 0)
+                        own = (len(plan.chains[0].turn_indices) if plan.chains else 0) + (
+                            1 if plan.snippet_tasks else 0
+                        )
                         own_s = max(own, 1) * args.latency
-                        samples.append({"after_last_s": after, "last_rollout_critical_path_s": own_s,
-                                        "ratio": after / own_s})
+                        samples.append(
+                            {"after_last_s": after, "last_rollout_critical_path_s": own_s, "ratio": after / own_s}
+                        )
         finally:
             stack.stop()
-    results["streaming"] = {"groups": samples, "worst_ratio": max(s["ratio"] for s in samples),
-                            "mean_ratio": statistics.mean(s["ratio"] for s in samples)}
+    results["streaming"] = {
+        "groups": samples,
+        "worst_ratio": max(s["ratio"] for s in samples),
+        "mean_ratio": statistics.mean(s["ratio"] for s in samples),
+    }
 
 
 # ----------------------------------------------------------------------------- report
@@ -489,8 +530,10 @@ def table(results: dict[str, Any]) -> str:
             )
     if "streaming" in results:
         st = results["streaming"]
-        lines.append(f"streaming: after the last rollout, worst {st['worst_ratio']:.2f}x / mean {st['mean_ratio']:.2f}x"
-                     " of its own critical path")
+        lines.append(
+            f"streaming: after the last rollout, worst {st['worst_ratio']:.2f}x / mean {st['mean_ratio']:.2f}x"
+            " of its own critical path"
+        )
     return "\n".join(lines)
 
 
@@ -531,11 +574,21 @@ def main() -> None:
 
 
 def machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown",
+    )
     mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(int(mem) / 1024 / 1024, 1),
-            "python": sys.version.split()[0]}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gb": round(int(mem) / 1024 / 1024, 1),
+        "python": sys.version.split()[0],
+    }
 
 
 if __name__ == "__main__":

@@ -30,23 +30,37 @@ def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2
     rng = random.Random(seed)
     n_rubrics = rng.randint(5, 8)
     rubrics = [
-        {"id": f"R{k + 1}", "type": "factual" if k % 3 else "logical", "description": f"criterion {k + 1} of the report",
-         "weight": float(rng.choice((1, 2, 3))), "trusted_evidence": [f"reference fact {k + 1}"]}
+        {
+            "id": f"R{k + 1}",
+            "type": "factual" if k % 3 else "logical",
+            "description": f"criterion {k + 1} of the report",
+            "weight": float(rng.choice((1, 2, 3))),
+            "trusted_evidence": [f"reference fact {k + 1}"],
+        }
         for k in range(n_rubrics)
     ]
     if rng.random() < 0.5:
-        rubrics.append({"id": "PEN", "type": "factual", "description": "asserts rumours as fact", "weight": -1.0,
-                        "trusted_evidence": []})
+        rubrics.append(
+            {
+                "id": "PEN",
+                "type": "factual",
+                "description": "asserts rumours as fact",
+                "weight": -1.0,
+                "trusted_evidence": [],
+            }
+        )
     pool = []
     for u in range(24):
         facts = rng.sample(range(seed * 100, seed * 100 + 60), rng.randint(1, 4))
-        pool.append({
-            "url": f"https://source{u}.example.org/{seed}/article-{u}",
-            "title": f"Article {u}",
-            "snippet": _text(rng, 30, facts[:1] if rng.random() < 0.4 else []),
-            "evidence": _text(rng, int(page_tokens * 0.75), facts),
-            "summary": _text(rng, 40, facts[:1]),
-        })
+        pool.append(
+            {
+                "url": f"https://source{u}.example.org/{seed}/article-{u}",
+                "title": f"Article {u}",
+                "snippet": _text(rng, 30, facts[:1] if rng.random() < 0.4 else []),
+                "evidence": _text(rng, int(page_tokens * 0.75), facts),
+                "summary": _text(rng, 40, facts[:1]),
+            }
+        )
     out = []
     for i in range(rollouts):
         turns: list[dict[str, Any]] = []
@@ -60,17 +74,38 @@ def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2
                 for doc in picked:
                     n_pages += 1
                     failed = rng.random() < 0.1
-                    pages.append({"id": f"W{n_pages}", "url": doc["url"], "evidence": "" if failed else doc["evidence"],
-                                  "summary": "" if failed else doc["summary"], "error": "HTTP 403" if failed else None})
-                turns.append({"type": "visit", "reasoning": "read the most promising source",
-                              "call": {"urls": [d["url"] for d in picked], "goal": "find the facts"}, "pages": pages})
+                    pages.append(
+                        {
+                            "id": f"W{n_pages}",
+                            "url": doc["url"],
+                            "evidence": "" if failed else doc["evidence"],
+                            "summary": "" if failed else doc["summary"],
+                            "error": "HTTP 403" if failed else None,
+                        }
+                    )
+                turns.append(
+                    {
+                        "type": "visit",
+                        "reasoning": "read the most promising source",
+                        "call": {"urls": [d["url"] for d in picked], "goal": "find the facts"},
+                        "pages": pages,
+                    }
+                )
             else:
                 results = []
                 for doc in rng.sample(pool, rng.randint(3, 5)):
                     n_results += 1
-                    results.append({"id": f"S{n_results}", "url": doc["url"], "title": doc["title"], "snippet": doc["snippet"]})
-                turns.append({"type": "search", "reasoning": "search for sources", "call": {"queries": ["battery fire"]},
-                              "results": results})
+                    results.append(
+                        {"id": f"S{n_results}", "url": doc["url"], "title": doc["title"], "snippet": doc["snippet"]}
+                    )
+                turns.append(
+                    {
+                        "type": "search",
+                        "reasoning": "search for sources",
+                        "call": {"queries": ["battery fire"]},
+                        "results": results,
+                    }
+                )
         if not limit:
             turns.append({"type": "answer", "reasoning": "write it up", "answer": "the report"})
         out.append({"id": f"r{i}", "outcome_reward": round(rng.random(), 3), "turns": turns})

@@ -56,8 +56,12 @@ class Run:
 def start(data_dir: Path, *args: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
     data_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [*drcredit_command(), *args], cwd=cwd, env=cli_env(data_dir),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [*drcredit_command(), *args],
+        cwd=cwd,
+        env=cli_env(data_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -180,7 +184,9 @@ def test_score_prints_a_table_with_rollouts_and_stats(scored: dict[str, Run], ex
     assert stats, out
     assert float(stats.group(2)) > 0
     assert (stats.group(3), stats.group(4)) == (f"{mu:.4f}", f"{sd:.4f}")
-    assert re.search(r"judge calls \d+, cache hits \d+, deterministic zeros \d+, skipped snippet calls \d+, failed 0", out)
+    assert re.search(
+        r"judge calls \d+, cache hits \d+, deterministic zeros \d+, skipped snippet calls \d+, failed 0", out
+    )
     with pytest.raises(json.JSONDecodeError):
         json.loads(out)
 

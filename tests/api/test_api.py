@@ -186,11 +186,15 @@ def test_tenant_isolation(database_url: str, marker_judge: JudgeServer) -> None:
 
 
 def test_not_done_is_409_with_status(database_url: str) -> None:
-    with running_judge(
-        lambda call: Reply.json(
-            {"matches": []} if call.kind == "snippet" else {"level": 0, "page_ids": [], "support_points": []}, delay=1.0
-        )
-    ) as slow, api_client(database_url, slow.url) as c:
+    with (
+        running_judge(
+            lambda call: Reply.json(
+                {"matches": []} if call.kind == "snippet" else {"level": 0, "page_ids": [], "support_points": []},
+                delay=1.0,
+            )
+        ) as slow,
+        api_client(database_url, slow.url) as c,
+    ):
         c.post("/v1/groups", json=small_group())
         r = c.get("/v1/groups/g1/advantages")
         assert r.status_code == 409 and r.json()["status"] in ("queued", "running")
