@@ -70,7 +70,8 @@ def errors_from_pydantic(errors: Iterable[Mapping[str, Any]], strip: int = 0) ->
             message = "field required"
         elif err.get("type") == "extra_forbidden":
             message = "unknown field"
-        elif "input" in err and err.get("type") not in ("missing",):
+        elif "input" in err and err.get("type") not in ("missing", "value_error"):
+            # Our own validators already quote the value in their message.
             message = f"{message} (got {_short(err['input'])})"
         result.append(FieldError(prefix, message))
     return result

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from drcredit.domain.errors import FieldError
@@ -20,7 +20,17 @@ from drcredit.domain.params import ScoringParams
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 GROUP_ID_PATTERN = r"^[A-Za-z0-9\-_.:]{1,128}$"
-GroupId = Annotated[str, StringConstraints(pattern=GROUP_ID_PATTERN)]
+
+
+def _not_dots(value: str) -> str:
+    # "." and ".." fit the character set but are path segments that HTTP clients resolve
+    # away (/v1/groups/.. is /v1), so such a group could never be read back.
+    if value.strip(".") == "":
+        raise ValueError(f"must not consist of dots only, got {value!r}")
+    return value
+
+
+GroupId = Annotated[str, StringConstraints(pattern=GROUP_ID_PATTERN), AfterValidator(_not_dots)]
 _GROUP_ID_RE = re.compile(GROUP_ID_PATTERN)
 
 

@@ -6,6 +6,7 @@ every attempt is recorded and retried by the shared loop in :mod:`drcredit.judge
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, Literal
 
@@ -85,7 +86,11 @@ class OpenAIJudge(Judge):
         if self.extra_body:
             kwargs["extra_body"] = self.extra_body
         try:
-            response = self._client.chat.completions.create(**kwargs)
+            # The client's generic POST (same auth, base URL, timeouts and error types as
+            # chat.completions.create) returning the raw body: building the typed response
+            # and transforming the request recursively cost more CPU than the rest of a
+            # judgment's bookkeeping together, for nothing the judge needs.
+            raw = self._client.post("/chat/completions", body=kwargs, cast_to=str)
         except openai.APITimeoutError as exc:
             raise RetryableError("timeout", f"no answer within the timeout: {exc}") from exc
         except openai.APIConnectionError as exc:
@@ -102,18 +107,24 @@ class OpenAIJudge(Judge):
             if exc.status_code >= 500 or exc.status_code in (408, 409, 425):
                 raise RetryableError("server_error", f"{exc.status_code}: {_message(exc)}") from exc
             raise FatalJudgeError(f"{exc.status_code}: {_message(exc)}") from exc
-        except ValueError as exc:  # a 200 whose body is not a chat completion
-            raise RetryableError("invalid", f"unreadable response: {exc}") from exc
-        if not response.choices:
-            raise RetryableError("invalid", "the response has no choices")
-        choice = response.choices[0]
-        usage = response.usage
+        return _completion(raw)
+
+
+def _completion(raw: str) -> Completion:
+    """Read a chat-completions body; anything unreadable is an invalid answer (retried)."""
+    try:
+        body = json.loads(raw)
+        choice = body["choices"][0]
+        content = choice["message"].get("content") or ""
+        usage = body.get("usage") or {}
         return Completion(
-            text=choice.message.content or "",
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            finish_reason=choice.finish_reason,
+            text=content if isinstance(content, str) else json.dumps(content),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            finish_reason=choice.get("finish_reason"),
         )
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise RetryableError("invalid", f"unreadable chat completion: {raw[:200]!r}") from exc
 
 
 def _message(exc: openai.APIStatusError) -> str:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import structlog
-from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy import CursorResult, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -33,13 +33,14 @@ from drcredit.domain.advantages import group_advantages
 from drcredit.domain.batch import BatchIn
 from drcredit.domain.credit import (
     Judgments,
+    RolloutPlan,
     SnippetTask,
-    VisitChain,
     group_credits,
     plan_rollout,
     snippet_decision,
     visit_credit,
 )
+from drcredit.domain.dedupe import signatures, twin_turns
 from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric, VisitTurn
 from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import (
@@ -57,6 +58,8 @@ from drcredit.storage.database import Database
 
 log = logging.getLogger("drcredit.pipeline")
 R = TypeVar("R", VisitVerdict, SnippetVerdict)
+S = TypeVar("S")
+StoreOutcome = Literal["stored", "duplicate", "lost"]
 
 #: Deliveries of one unit before its group is failed instead of retried again.
 MAX_UNIT_ATTEMPTS = 5
@@ -105,6 +108,11 @@ class Pipeline:
         self.default_failure_policy = default_failure_policy
         self._content_cache: OrderedDict[tuple[int, int], GroupContent] = OrderedDict()
         self._cache_lock = threading.Lock()
+        #: One lock per group being loaded, so that a hundred chains of a new group
+        #: starting at once validate its content once, not a hundred times.
+        self._load_locks: dict[int, threading.Lock] = {}
+        #: Rollouts with no waiting snippet call left (units never return to waiting).
+        self._no_waiting: set[tuple[int, str]] = set()
         self._inflight: dict[tuple[int, str], Future[Any]] = {}
         self._inflight_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -246,8 +254,14 @@ class Pipeline:
         )
         s.add(row)
         s.flush()
+        params = params_of(row)
+        plans = {r.id: plan_rollout(group, r, params) for r in group.rollouts}
+        sigs = {r.id: signatures(r, plans[r.id]) for r in group.rollouts}
+        twins = twin_turns(sigs)
         for position_, rollout in enumerate(group.rollouts):
-            self._store_rollout(s, row, group, rollout, position_)
+            self._store_rollout(
+                s, row, group, rollout, position_, plans[rollout.id], sigs[rollout.id], twins[rollout.id]
+            )
         s.flush()
         return Submitted(row.id, group_id, row.status, True)
 
@@ -282,14 +296,28 @@ class Pipeline:
                         "given, but the group's other rollouts have none; give it on every rollout or on none"
                     )
             content = GroupContent.model_validate({"question": row.question, "rubrics": row.rubrics, "rollouts": []})
-            self._store_rollout(s, row, content, rollout, row.rollouts_received)
+            plan = plan_rollout(content, rollout, params_of(row))
+            sigs = signatures(rollout, plan)
+            seen: set[str] = set()
+            for earlier in s.scalars(select(m.Rollout.signatures).where(m.Rollout.group_pk == row.id)):
+                seen.update(earlier or {})
+            twins = {t for sig, turns in sigs.items() if sig in seen for t in turns}
+            self._store_rollout(s, row, content, rollout, row.rollouts_received, plan, sigs, twins)
             submitted = Submitted(row.id, row.group_id, row.status, True)
         self._dispatch_queued(row.id)
         self._maybe_aggregate(row.id)
         return submitted, True
 
     def _store_rollout(
-        self, s: Session, group: m.Group, content: GroupContent, rollout: Rollout, position: int
+        self,
+        s: Session,
+        group: m.Group,
+        content: GroupContent,
+        rollout: Rollout,
+        position: int,
+        plan: RolloutPlan,
+        sigs: dict[str, list[int]],
+        twins: set[int],
     ) -> None:
         params = params_of(group)
         rollout_row = m.Rollout(
@@ -298,6 +326,7 @@ class Pipeline:
             rollout_id=rollout.id,
             content_hash=rollout_hash(rollout),
             outcome_reward=rollout.outcome_reward,
+            signatures=sigs,
         )
         s.add(rollout_row)
         s.flush()
@@ -305,7 +334,6 @@ class Pipeline:
             m.Turn(rollout_pk=rollout_row.id, index=i, type=turn.type, body=turn.model_dump(mode="json"))
             for i, turn in enumerate(rollout.turns)
         )
-        plan = plan_rollout(content, rollout, params)
         positive = content.positive_rubrics
         for t in plan.deterministic_zero_visits:
             for rubric in positive:
@@ -332,6 +360,7 @@ class Pipeline:
                     rollout_id=rollout.id,
                     rubric_id=chain.rubric_id,
                     status="queued",
+                    dedupe_turns=sorted(twins & set(chain.turn_indices)),
                 )
             )
             units += 1
@@ -348,6 +377,7 @@ class Pipeline:
                     rollout_id=rollout.id,
                     turn_index=task.turn_index,
                     status=status,
+                    dedupe_turns=[task.turn_index] if task.turn_index in twins else [],
                 )
             )
             units += 1
@@ -494,11 +524,11 @@ class Pipeline:
         if attempts >= MAX_UNIT_ATTEMPTS:
             self.fail_group(ref.group_pk, f"work unit {ref.kind} {ref.unit_id} failed {attempts} times: {exc}")
 
-    def _claim(self, unit_id: int, owner: str) -> tuple[m.WorkUnit, ScoringParams] | UnitOutcome:
+    def _claim(self, unit_id: int, owner: str) -> tuple[m.WorkUnit, ScoringParams, int] | UnitOutcome:
         """Take the unit's lease and count the delivery, or say why not."""
         with self.db.session() as s:
             unit = s.scalar(select(m.WorkUnit).where(m.WorkUnit.id == unit_id).with_for_update())
-            if unit is None or unit.status == "done":
+            if unit is None or unit.status in ("done", "cancelled"):
                 return "noop"
             group = s.get(m.Group, unit.group_pk)
             if group is None or group.status not in ("queued", "running"):
@@ -520,13 +550,17 @@ class Pipeline:
                 )
             s.flush()
             s.expunge(unit)
-            return unit, params_of(group)
+            return unit, params_of(group), group.rollouts_received
 
-    def _renew(self, s: Session, unit_id: int, owner: str) -> None:
-        s.execute(
-            update(m.WorkUnit)
-            .where(m.WorkUnit.id == unit_id, m.WorkUnit.lease_owner == owner)
-            .values(lease_expires_at=now() + timedelta(seconds=self.lease_s))
+    def _renew(self, s: Session, unit_id: int, owner: str) -> bool:
+        """Extend the lease; False when the unit is no longer this delivery's to run."""
+        return bool(
+            _changed(
+                s,
+                update(m.WorkUnit)
+                .where(m.WorkUnit.id == unit_id, m.WorkUnit.lease_owner == owner, m.WorkUnit.status == "running")
+                .values(lease_expires_at=now() + timedelta(seconds=self.lease_s)),
+            )
         )
 
     def _release(self, unit_id: int, owner: str) -> None:
@@ -542,13 +576,22 @@ class Pipeline:
         claimed = self._claim(unit_id, owner)
         if isinstance(claimed, str):
             return claimed
-        unit, params = claimed
+        unit, params, received = claimed
         group_pk = unit.group_pk
-        content = self.content(group_pk)
+        content = self.content(group_pk, received)
         rollout = content.rollout(unit.rollout_id)
         rubric = _rubric(content, unit.rubric_id or "")
         structlog.contextvars.bind_contextvars(group_pk=group_pk, rollout_id=rollout.id, rubric_id=rubric.id)
-        chain = _chain(content, rollout, rubric.id, params)
+        plan = plan_rollout(content, rollout, params)
+        chain = next(c for c in plan.chains if c.rubric_id == rubric.id)
+        # Visits whose credit decides a waiting snippet call: after judging one of them
+        # the snippet calls of the rollout are reconsidered.
+        deciders = (
+            {v for task in plan.snippet_tasks for v in task.navigation_visits}
+            if params.skip_saturated_snippets
+            else set()
+        )
+        twins = set(unit.dedupe_turns or ())
         visit_number = {t: n for n, t in enumerate(i for i, x in enumerate(rollout.turns) if isinstance(x, VisitTurn))}
         done, history = self._chain_state(group_pk, rollout.id, rubric.id)
         for t in chain.turn_indices:
@@ -557,8 +600,6 @@ class Pipeline:
             if self._stopping.is_set():
                 self._release(unit_id, owner)
                 return "stopped"
-            if not self._group_active(group_pk):
-                return "noop"
             turn = rollout.turns[t]
             assert isinstance(turn, VisitTurn)
             request = VisitJudgeRequest(
@@ -569,15 +610,22 @@ class Pipeline:
                 turn_index=t,
                 visit_index=visit_number[t],
             )
+            call = functools.partial(self.judge.judge_visit, request)
             key = self.judge.visit_prompt(request).cache_key(self.judge.model)
             store = functools.partial(
                 self._store_visit, group_pk, rollout.id, rubric.id, t, len(history), key, unit_id, owner
             )
-            call = functools.partial(self.judge.judge_visit, request)
-            result, stored = self._judge_once(group_pk, key, "visit", call, store)
-            if not stored:
+            if t in twins:
+                result, stored = self._judge_once(group_pk, key, "visit", call, store)
+            else:
+                result = call()
+                _observe(result)
+                stored = store(result, False)
+            if stored == "duplicate":
                 done, history = self._chain_state(group_pk, rollout.id, rubric.id)
                 continue
+            if stored == "lost":
+                return "noop"  # the group failed, or another delivery took the unit over
             if result.status == "ok" and result.verdict is not None and result.verdict.level > 0:
                 history.extend(result.verdict.support_points)
             if result.status == "failed" and params.on_judge_failure == "fail":
@@ -586,7 +634,8 @@ class Pipeline:
                     f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}",
                 )
                 return "noop"
-            self._release_snippets(group_pk, rollout.id)
+            if t in deciders:
+                self._release_snippets(group_pk, rollout.id)
         self._finish_unit(unit_id, group_pk)
         return "done"
 
@@ -594,7 +643,7 @@ class Pipeline:
         claimed = self._claim(unit_id, owner)
         if isinstance(claimed, str):
             return claimed
-        unit, params = claimed
+        unit, params, received = claimed
         group_pk = unit.group_pk
         with self.db.session() as s:
             exists = s.scalar(
@@ -606,14 +655,19 @@ class Pipeline:
                 )
             )
         if exists is None:
-            content = self.content(group_pk)
+            content = self.content(group_pk, received)
             rollout = content.rollout(unit.rollout_id)
             task = _snippet_task(content, rollout, unit.turn_index or 0, params)
             request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
             key = self.judge.snippet_prompt(request).cache_key(self.judge.model)
             call = functools.partial(self.judge.judge_snippets, request)
             store = functools.partial(self._store_snippet, group_pk, rollout.id, task.turn_index, key)
-            result, _ = self._judge_once(group_pk, key, "snippet", call, store)
+            if unit.dedupe_turns:
+                result, _ = self._judge_once(group_pk, key, "snippet", call, store)
+            else:
+                result = call()
+                _observe(result)
+                store(result, False)
             if result.status == "failed" and params.on_judge_failure == "fail":
                 self.fail_group(
                     group_pk,
@@ -640,8 +694,8 @@ class Pipeline:
         key: str,
         kind: str,
         call: Callable[[], JudgeResult[R]],
-        store: Callable[[JudgeResult[R], bool], bool],
-    ) -> tuple[JudgeResult[R], bool]:
+        store: Callable[[JudgeResult[R], bool], S],
+    ) -> tuple[JudgeResult[R], S]:
         """Judge a request once per group and store the result with ``store``.
 
         An identical request already answered in the group is reused (a cache hit). One in
@@ -785,7 +839,12 @@ class Pipeline:
         owner: str,
         result: JudgeResult[VisitVerdict],
         cached: bool,
-    ) -> bool:
+    ) -> StoreOutcome:
+        """Store one judgment, its support points and renew the unit's lease, atomically.
+
+        ``duplicate``: another delivery stored this judgment first. ``lost``: stored, but
+        the unit is no longer this delivery's (its group failed, or its lease passed on).
+        """
         verdict = result.verdict
         row = _judgment_row(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
         row.prior_support = prior
@@ -795,36 +854,26 @@ class Pipeline:
         try:
             with self.db.session() as s:
                 s.add(row)
-                s.flush()
-                self._renew(s, unit_id, owner)
                 if verdict is not None and verdict.level > 0:
-                    start = (
-                        s.scalar(
-                            select(func.count())
-                            .select_from(m.SupportPoint)
-                            .where(
-                                m.SupportPoint.group_pk == group_pk,
-                                m.SupportPoint.rollout_id == rollout_id,
-                                m.SupportPoint.rubric_id == rubric_id,
-                            )
-                        )
-                        or 0
-                    )
+                    # Only this chain appends to this (rollout, rubric) history, so the
+                    # next position is the length of the history it judged against.
                     s.add_all(
                         m.SupportPoint(
                             group_pk=group_pk,
                             rollout_id=rollout_id,
                             rubric_id=rubric_id,
-                            position=start + i,
+                            position=prior + i,
                             turn_index=turn_index,
                             text=point,
                         )
                         for i, point in enumerate(verdict.support_points)
                     )
+                s.flush()
+                kept = self._renew(s, unit_id, owner)
         except IntegrityError:
-            log.info("visit judgment already stored by another worker", extra={"group_pk": group_pk})
-            return False
-        return True
+            log.info("visit judgment already stored by another delivery", extra={"group_pk": group_pk})
+            return "duplicate"
+        return "stored" if kept else "lost"
 
     def _store_snippet(
         self,
@@ -852,6 +901,8 @@ class Pipeline:
 
     def _release_snippets(self, group_pk: int, rollout_id: str) -> None:
         """Decide the waiting snippet calls of a rollout whose navigation credit is now known."""
+        if (group_pk, rollout_id) in self._no_waiting:
+            return
         to_dispatch: list[UnitRef] = []
         skipped = False
         content = self.content(group_pk)
@@ -865,6 +916,9 @@ class Pipeline:
                 )
             ).all()
             if not waiting:
+                if len(self._no_waiting) > 100_000:
+                    self._no_waiting.clear()
+                self._no_waiting.add((group_pk, rollout_id))
                 return
             group = s.get(m.Group, group_pk)
             assert group is not None
@@ -983,6 +1037,12 @@ class Pipeline:
                 .where(m.Group.id == group_pk, m.Group.status.in_(("queued", "running")))
                 .values(status="failed", error=reason, finished_at=now()),
             )
+            if changed:
+                s.execute(
+                    update(m.WorkUnit)
+                    .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status.in_(("queued", "running", "waiting")))
+                    .values(status="cancelled", lease_owner=None, lease_expires_at=None)
+                )
         if changed:
             metrics.GROUPS_FINISHED.labels("failed").inc()
             log.warning("group failed: %s", reason, extra={"group_pk": group_pk})
@@ -993,9 +1053,16 @@ class Pipeline:
         with self.db.session() as s:
             return s.scalar(select(m.Group.status).where(m.Group.id == group_pk)) in ("queued", "running")
 
-    def content(self, group_pk: int) -> GroupContent:
+    def content(self, group_pk: int, rollouts_received: int | None = None) -> GroupContent:
         """The group's validated content, cached per (group, rollouts received)."""
-        with self.db.session() as s:
+        if rollouts_received is not None:
+            with self._cache_lock:
+                cached = self._content_cache.get((group_pk, rollouts_received))
+            if cached is not None:
+                return cached
+        with self._cache_lock:
+            load_lock = self._load_locks.setdefault(group_pk, threading.Lock())
+        with load_lock, self.db.session() as s:
             group = s.get(m.Group, group_pk)
             if group is None:
                 raise NotFound(f"group {group_pk} not found")
@@ -1006,10 +1073,12 @@ class Pipeline:
                     self._content_cache.move_to_end(cache_key)
                     return cached
             content = content_of(group)
-        with self._cache_lock:
-            self._content_cache[cache_key] = content
-            while len(self._content_cache) > 256:
-                self._content_cache.popitem(last=False)
+            with self._cache_lock:
+                self._content_cache[cache_key] = content
+                while len(self._content_cache) > 256:
+                    evicted, _ = self._content_cache.popitem(last=False)
+                    if not any(k[0] == evicted[0] for k in self._content_cache):
+                        self._load_locks.pop(evicted[0], None)
         return content
 
 
@@ -1039,13 +1108,6 @@ def _rubric(content: GroupContent, rubric_id: str) -> Rubric:
     for rubric in content.rubrics:
         if rubric.id == rubric_id:
             return rubric
-    raise KeyError(rubric_id)
-
-
-def _chain(content: GroupContent, rollout: Rollout, rubric_id: str, params: ScoringParams) -> VisitChain:
-    for chain in plan_rollout(content, rollout, params).chains:
-        if chain.rubric_id == rubric_id:
-            return chain
     raise KeyError(rubric_id)
 
 

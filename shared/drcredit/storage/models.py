@@ -116,6 +116,9 @@ class Rollout(Base):
     content_hash: Mapped[str] = mapped_column(String(64))
     outcome_reward: Mapped[float | None] = mapped_column(Float)
     outcome_advantage: Mapped[float | None] = mapped_column(Float)
+    #: Request signatures of its judge calls (see drcredit.domain.dedupe), so that a
+    #: rollout streamed in later can tell which of its requests may have a twin.
+    signatures: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     arrived_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     group: Mapped[Group] = relationship(back_populates="rollouts")
@@ -225,7 +228,7 @@ class WorkUnit(Base):
     """A schedulable piece of a group's judging: a visit chain, a snippet call, aggregation.
 
     Status: waiting (a snippet call whose navigation credit is not known yet), queued,
-    running, done. ``attempts`` counts deliveries so a poisoned unit stops being retried.
+    running, done, cancelled (its group failed). ``attempts`` counts deliveries so a poisoned unit stops being retried.
     """
 
     __tablename__ = "work_units"
@@ -242,6 +245,9 @@ class WorkUnit(Base):
     rubric_id: Mapped[str | None] = mapped_column(String(256))
     turn_index: Mapped[int | None] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16), default="queued")
+    #: Turns whose judge request may have an identical twin elsewhere in the group; only
+    #: these are looked up and claimed before the call.
+    dedupe_turns: Mapped[list[Any] | None] = mapped_column(JSON)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
     lease_owner: Mapped[str | None] = mapped_column(String(128))

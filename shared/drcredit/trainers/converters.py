@@ -42,9 +42,10 @@ Visit tool responses accepted:
   ``Webpage:``), a Markdown heading ending in the URL, or ``The useful information in
   <url> ...``. Inside a section ``Evidence:`` (or ``Evidence in page:``), ``Summary:`` and
   ``Error:`` start fields that run to the next key; ``Goal:`` / ``Title:`` lines are
-  skipped; without an ``Evidence:`` key the section's text is the evidence. A response
-  with no section header is one section for the single called URL (or, if it is a failure
-  notice, the failure of every called URL).
+  skipped; without an ``Evidence:`` key the section's text is the evidence. Text before
+  the first section (``Visited 2 pages:``) is a preamble. A response with no section
+  header is one section for the single called URL (or, if it is a failure notice, the
+  failure of every called URL).
 
 A page fails (``error`` set, ``evidence`` empty) on an explicit error, or when its
 evidence is only a short failure notice: ``Failed to fetch``, ``HTTP 404``, ``403
@@ -839,9 +840,7 @@ def _text_pages(text: str, urls: list[str], where: str) -> list[dict[str, Any]]:
                 where, f"visit response for {len(urls)} URLs has no per-URL sections: {_preview(text.strip())!r}"
             )
         return [_text_page(urls[0] if urls else "", preamble)]
-    if any(line.strip() for line in preamble):
-        raise ConversionError(where, f"text before the first page section: {_preview(' '.join(preamble).strip())!r}")
-    return [_text_page(url or "", lines) for url, lines in sections]
+    return [_text_page(url or "", lines) for url, lines in sections]  # a preamble is tool chatter
 
 
 def _page_fields(lines: list[str]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 01:53:11.713395
+Create Date: 2026-11-22 02:22:06.060321
 """
 
 from __future__ import annotations
@@ -123,6 +123,7 @@ def upgrade() -> None:
     sa.Column('content_hash', sa.String(length=64), nullable=False),
     sa.Column('outcome_reward', sa.Float(), nullable=True),
     sa.Column('outcome_advantage', sa.Float(), nullable=True),
+    sa.Column('signatures', sa.JSON(), nullable=True),
     sa.Column('arrived_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['group_pk'], ['groups.id'], name=op.f('fk_rollouts_group_pk_groups'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_rollouts')),
@@ -150,6 +151,7 @@ def upgrade() -> None:
     sa.Column('rubric_id', sa.String(length=256), nullable=True),
     sa.Column('turn_index', sa.Integer(), nullable=True),
     sa.Column('status', sa.String(length=16), nullable=False),
+    sa.Column('dedupe_turns', sa.JSON(), nullable=True),
     sa.Column('attempts', sa.Integer(), nullable=False),
     sa.Column('last_error', sa.Text(), nullable=True),
     sa.Column('lease_owner', sa.String(length=128), nullable=True),

@@ -1,0 +1,66 @@
+"""Which judge requests of a group could be identical to another (pure planning).
+
+A visit request is identical to another only if everything but the history already
+matches: same rubric, same turn position and the same turn (reasoning, call, usable
+pages); a snippet request only if its eligible results match. Requests with no such
+twin can never be de-duplicated, so the pipeline skips the lookup and the claim for
+them and pays those database round trips only where they can save a judge call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable
+
+from drcredit.domain.credit import RolloutPlan
+from drcredit.domain.group import Rollout, SearchResult, VisitTurn
+
+
+def _digest(value: object) -> str:
+    return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def visit_signature(rollout: Rollout, turn_index: int, visit_index: int) -> str:
+    """The rubric-independent part of a visit request that must match for a twin."""
+    turn = rollout.turns[turn_index]
+    assert isinstance(turn, VisitTurn)
+    return _digest(
+        [
+            turn_index,
+            visit_index,
+            turn.reasoning,
+            list(turn.call.urls),
+            turn.call.goal,
+            [[p.id, p.url, p.evidence, p.summary] for p in turn.usable_pages],
+        ]
+    )
+
+
+def snippet_signature(eligible: Iterable[SearchResult]) -> str:
+    return _digest([[r.id, r.snippet] for r in eligible])
+
+
+def signatures(rollout: Rollout, plan: RolloutPlan) -> dict[str, list[int]]:
+    """Signature -> the rollout's turn indices carrying it (visits and snippet tasks)."""
+    out: dict[str, list[int]] = {}
+    visits = [i for i, t in enumerate(rollout.turns) if isinstance(t, VisitTurn)]
+    chain = plan.chains[0].turn_indices if plan.chains else ()
+    for t in chain:
+        out.setdefault("v" + visit_signature(rollout, t, visits.index(t)), []).append(t)
+    for task in plan.snippet_tasks:
+        out.setdefault("s" + snippet_signature(task.eligible), []).append(task.turn_index)
+    return out
+
+
+def twin_turns(per_rollout: dict[str, dict[str, list[int]]]) -> dict[str, set[int]]:
+    """Rollout id -> turn indices whose request signature also occurs elsewhere in the group."""
+    counts: Counter[str] = Counter()
+    for sigs in per_rollout.values():
+        for sig, turns in sigs.items():
+            counts[sig] += len(turns)
+    return {
+        rollout_id: {t for sig, turns in sigs.items() if counts[sig] > 1 for t in turns}
+        for rollout_id, sigs in per_rollout.items()
+    }

@@ -1,0 +1,757 @@
+"""VeRL adapter: DrCredit's per-turn advantages as a VeRL advantage estimator named ``drcredit``.
+
+Targets **verl 0.9.1** (``verl.trainer.ppo.core_algos.register_adv_est``, the agent loop of
+``verl.experimental.agent_loop``, and the v1 trainers of ``verl.trainer.ppo.v1``). Nothing here
+imports verl, torch or transfer_queue at module import time; :func:`register` does, when called.
+
+Three pieces, all selected by name from VeRL's own registries once :func:`register` has run
+in the process (see ``docs/trainers.md``; the ``verl.plugins`` entry point or
+``VERL_USE_EXTERNAL_MODULES=drcredit.trainers.verl`` runs it in every VeRL process):
+
+1. **Recording turns** (rollout workers). The agent loop ``drcredit_tool_agent``
+   (:data:`DrCreditToolAgentLoop`, a ``ToolAgentLoop``) records, per assistant generation, its
+   half-open token span in the response, and at the end converts the conversation into API
+   turns (kind ``search`` / ``visit`` / ``tool`` / ``answer``, queries, URLs, search results,
+   pages) with :func:`drcredit.trainers.converters.from_chat_messages`. The result goes into
+   the sample's ``extra_fields`` under :data:`TURNS_KEY` (``"drcredit_turns"``), which VeRL
+   turns into ``non_tensor_batch["drcredit_turns"]``. Its format is :func:`make_turn_record`;
+   a custom agent loop can write the same record itself.
+2. **Scoring** (driver). :func:`compute_drcredit_advantage` takes a ``DataProto``: groups are
+   ``non_tensor_batch["uid"]``, the policy-token mask is ``batch["response_mask"]``, outcome
+   rewards are ``batch["token_level_rewards"].sum(-1)`` (the same scalar VeRL's GRPO uses) unless
+   given. It builds one group per uid, posts them as one batch, waits, and fills
+   ``batch["advantages"]`` and ``batch["returns"]`` (equal, as for GRPO) token by token with
+   :func:`drcredit.trainers.tokens.broadcast_advantages`.
+3. **Selection by name**. ``algorithm.adv_estimator=drcredit`` finds :func:`drcredit_advantage`
+   through ``core_algos.get_adv_estimator_fn``. verl 0.9.1 hands a registered estimator only
+   tensors and ``index`` (the uids), not ``non_tensor_batch`` (only GDPO gets that), so the
+   turns reach the estimator in one of three ways: a ``non_tensor_batch`` keyword (what
+   GDPO gets, and what a later VeRL may pass to every estimator that accepts it), an
+   enclosing :func:`batch_context`, or, in the v1 trainers, the trainer modes
+   ``drcredit_sync`` / ``drcredit_colocate_async`` / ``drcredit_separate_async`` registered here
+   (``trainer.v1.trainer_mode=drcredit_sync``): subclasses whose ``_compute_advantage`` reads
+   the samples' ``extra_fields`` from the TransferQueue and opens that context.
+
+Configuration: ``algorithm.drcredit.*`` (``base_url``, ``api_key``, ``timeout_s``,
+``id_prefix``, ``params``, ``search_tools``, ``visit_tools``), else the environment
+(``DRCREDIT_URL``, ``DRCREDIT_API_KEY``, ``DRCREDIT_WAIT_TIMEOUT_S``, ``DRCREDIT_ID_PREFIX``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import importlib
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from drcredit.trainers.converters import ConversionError, ToolNames, from_chat_messages, group_from_rollouts
+from drcredit.trainers.tokens import broadcast_advantages, turn_advantages
+
+__all__ = [
+    "AGENT_LOOP_NAME",
+    "ESTIMATOR_NAME",
+    "ROW_ID_KEY",
+    "TARGET_VERL_VERSION",
+    "TRAINER_MODE_PREFIX",
+    "TURNS_KEY",
+    "DrCreditSettings",
+    "TokenRollout",
+    "batch_context",
+    "compute_drcredit_advantage",
+    "drcredit_advantage",
+    "make_turn_record",
+    "read_turn_record",
+    "register",
+    "score_token_rollouts",
+]
+
+TARGET_VERL_VERSION = "0.9.1"
+#: ``extra_fields`` / ``non_tensor_batch`` key of the per-sample turn record.
+TURNS_KEY = "drcredit_turns"
+#: Optional ``non_tensor_batch`` key: a stable id per row, used as the rollout id.
+ROW_ID_KEY = "drcredit_row_id"
+#: ``algorithm.adv_estimator`` value.
+ESTIMATOR_NAME = "drcredit"
+#: agent loop name (``actor_rollout_ref.rollout.agent.default_agent_loop`` or a dataset's ``agent_name``).
+AGENT_LOOP_NAME = "drcredit_tool_agent"
+#: ``trainer.v1.trainer_mode`` of the v1 trainers that feed the estimator: this prefix + a VeRL mode name.
+TRAINER_MODE_PREFIX = "drcredit_"
+
+_RECORD_VERSION = 1
+_ID_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
+_CONTEXT: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("drcredit_verl_batch", default=None)
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class DrCreditSettings:
+    """Where the service is and how scoring is done; see :meth:`from_config`."""
+
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 1800.0
+    id_prefix: str = ""
+    params: Mapping[str, Any] | None = None
+    tool_names: ToolNames = field(default_factory=ToolNames)
+
+    @classmethod
+    def from_config(cls, config: Any = None) -> DrCreditSettings:
+        """Read ``config["drcredit"]`` (e.g. VeRL's ``algorithm`` section), then the environment.
+
+        Keys: ``base_url`` (else ``$DRCREDIT_URL``, else the SDK's default), ``api_key`` (else
+        ``$DRCREDIT_API_KEY``), ``timeout_s`` (else ``$DRCREDIT_WAIT_TIMEOUT_S``, else 1800: how
+        long a training step waits for its batch), ``id_prefix`` (else ``$DRCREDIT_ID_PREFIX``:
+        prepended to group and batch ids, e.g. the run name), ``params`` (SPEC section 7
+        overrides for every group), ``search_tools`` / ``visit_tools`` (tool names, for the
+        agent loop's conversion).
+        """
+        section = _section(config)
+        defaults = ToolNames()
+        timeout = section.get("timeout_s", os.environ.get("DRCREDIT_WAIT_TIMEOUT_S"))
+        params = section.get("params")
+        return cls(
+            base_url=_opt_str(section.get("base_url")) or os.environ.get("DRCREDIT_URL") or None,
+            api_key=_opt_str(section.get("api_key")) or os.environ.get("DRCREDIT_API_KEY") or None,
+            timeout_s=float(timeout) if timeout not in (None, "") else 1800.0,
+            id_prefix=str(section.get("id_prefix") or os.environ.get("DRCREDIT_ID_PREFIX") or ""),
+            params=_plain(params) if params is not None else None,
+            tool_names=ToolNames(
+                search=tuple(_plain(section.get("search_tools")) or defaults.search),
+                visit=tuple(_plain(section.get("visit_tools")) or defaults.visit),
+            ),
+        )
+
+
+def _section(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    getter = getattr(config, "get", None)
+    value = getter("drcredit", None) if callable(getter) else None
+    plain = _plain(value) if value is not None else {}
+    if not isinstance(plain, dict):
+        raise ValueError(f"algorithm.drcredit must be a mapping, got {type(plain).__name__}")
+    return plain
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers, numpy scalars/arrays and mappings as plain Python values."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    to_container = getattr(sys.modules.get("omegaconf"), "OmegaConf", None)
+    if to_container is not None and type(value).__module__.startswith("omegaconf"):
+        return to_container.to_container(value, resolve=True)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value in (None, "") else str(value)
+
+
+# ----------------------------------------------------------------------------- the turn record
+
+
+def make_turn_record(
+    turns: Sequence[Mapping[str, Any]],
+    spans: Sequence[tuple[int, int] | Sequence[int] | None],
+    *,
+    question: str | None = None,
+    rubrics: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The value stored under :data:`TURNS_KEY` for one sample.
+
+    ``turns`` are API turns (SPEC section 1). ``spans[t]`` is turn ``t``'s half-open token
+    span ``[start, end)`` in the *response* tokens (index 0 = first response token), or None
+    for a turn with no tokens in the response (cut by the response length). Turns made by one
+    assistant message (several tool calls) share that message's span; its tokens then get the
+    mean of their advantages. ``question`` / ``rubrics`` may be copied here by the agent loop;
+    otherwise the estimator reads them from ``non_tensor_batch["extra_info"]``.
+    """
+    if len(turns) != len(spans):
+        raise ValueError(f"{len(turns)} turns but {len(spans)} spans: one span (or None) per turn")
+    return {
+        "version": _RECORD_VERSION,
+        "turns": [dict(t) for t in turns],
+        "spans": [None if s is None else [int(s[0]), int(s[1])] for s in spans],
+        "question": question,
+        "rubrics": None if rubrics is None else [dict(r) for r in rubrics],
+        "error": None,
+    }
+
+
+def _error_record(message: str) -> dict[str, Any]:
+    return {"version": _RECORD_VERSION, "turns": [], "spans": [], "question": None, "rubrics": None, "error": message}
+
+
+def read_turn_record(value: Any, where: str) -> dict[str, Any]:
+    """A stored record back as a dict (it may have become a JSON string or an OmegaConf node)."""
+    if isinstance(value, (str, bytes)):
+        value = json.loads(value)
+    value = _plain(value)
+    if not isinstance(value, dict) or "turns" not in value or "spans" not in value:
+        raise ValueError(
+            f"{where}: no DrCredit turn record under {TURNS_KEY!r} (got {type(value).__name__}); "
+            f"use the {AGENT_LOOP_NAME!r} agent loop or write make_turn_record(...) into extra_fields"
+        )
+    if value.get("error"):
+        raise ValueError(f"{where}: the rollout's turns could not be recorded: {value['error']}")
+    if len(value["turns"]) != len(value["spans"]):
+        raise ValueError(f"{where}: {len(value['turns'])} turns but {len(value['spans'])} spans")
+    return value
+
+
+# ----------------------------------------------------------------------------- trainer-agnostic scoring
+
+
+@dataclass
+class TokenRollout:
+    """One sampled response, with what the service needs and where its turns are in the tokens.
+
+    Rows with the same ``group_key`` form one group (one question, ``G >= 2`` rollouts).
+    ``policy_mask`` is the response's 1-D mask of policy-generated tokens (tool observations
+    and padding 0).
+    """
+
+    group_key: str
+    rollout_id: str
+    question: str
+    rubrics: list[dict[str, Any]]
+    turns: list[dict[str, Any]]
+    spans: list[tuple[int, int] | None]
+    policy_mask: npt.NDArray[Any]
+    outcome_reward: float | None = None
+
+
+def score_token_rollouts(
+    rollouts: Sequence[TokenRollout],
+    *,
+    client: Any,
+    timeout_s: float,
+    id_prefix: str = "",
+    params: Mapping[str, Any] | None = None,
+    metadata: Any = None,
+) -> list[npt.NDArray[np.float32]]:
+    """Post one group per ``group_key`` as one batch, wait, and return per-token advantages per row.
+
+    ``client`` is a :class:`drcredit.client.DrCreditClient` (``submit_batch``, ``wait_for_batch``).
+    Group and batch ids are content-addressed (``id_prefix`` + key + a hash of the group), so a
+    retried step, or several data-parallel ranks posting the same groups, reuse the same
+    groups on the server instead of conflicting with them. Each returned row has the length of
+    its ``policy_mask``.
+    """
+    groups, order = _groups(rollouts, id_prefix, params, metadata)
+    if not groups:
+        return []
+    digest = hashlib.sha256("\n".join(g["group_id"] for g in groups).encode()).hexdigest()[:24]
+    batch_id = _safe_id(f"{id_prefix}batch-{digest}")
+    answer = client.submit_batch(groups, batch_id=batch_id)
+    batch_id = str(answer.get("batch_id", batch_id)) if isinstance(answer, Mapping) else batch_id
+    document = client.wait_for_batch(batch_id, timeout=timeout_s)
+    by_id = {d.get("group_id"): d for d in document.get("groups", []) if isinstance(d, Mapping)}
+    out: list[npt.NDArray[np.float32]] = []
+    for row, group_id in zip(rollouts, order, strict=True):
+        doc = by_id.get(group_id)
+        if doc is None:
+            raise ValueError(f"batch {batch_id}: the service returned no advantages for group {group_id}")
+        values = turn_advantages(doc, row.rollout_id)
+        if len(values) != len(row.turns):
+            raise ValueError(
+                f"group {group_id} rollout {row.rollout_id}: {len(values)} turn advantages for {len(row.turns)} turns"
+            )
+        out.append(token_values(values, row.spans, row.policy_mask, where=f"rollout {row.rollout_id}"))
+    return out
+
+
+def token_values(
+    advantages: Sequence[float],
+    spans: Sequence[tuple[int, int] | None],
+    policy_mask: npt.ArrayLike,
+    *,
+    where: str = "rollout",
+) -> npt.NDArray[np.float32]:
+    """Per-token advantages of one response from per-turn advantages and the recorded spans.
+
+    Turns sharing a span (one assistant message making several tool calls) give its tokens
+    their mean. A turn without a span, or whose span starts past the response (cut by the
+    response length), has no tokens and is skipped; a span running past the end is clipped.
+    Everything else is :func:`broadcast_advantages`, with its strict checks.
+    """
+    mask = np.asarray(policy_mask)
+    n = int(mask.shape[0])
+    merged: list[tuple[tuple[int, int], list[float]]] = []
+    for advantage, span in zip(advantages, spans, strict=True):
+        if span is None:
+            continue
+        start, end = int(span[0]), int(span[1])
+        if merged and merged[-1][0] == (start, end):
+            merged[-1][1].append(float(advantage))
+            continue
+        merged.append(((start, end), [float(advantage)]))
+    kept_spans: list[tuple[int, int]] = []
+    kept_values: list[float] = []
+    for (start, end), values in merged:
+        clipped = min(end, n)
+        if start >= clipped or (clipped < end and not mask[start:clipped].any()):
+            continue  # cut off by the response length: no token to train
+        kept_spans.append((start, clipped))
+        kept_values.append(math.fsum(values) / len(values))
+    try:
+        return broadcast_advantages(kept_values, kept_spans, mask)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+
+
+def _groups(
+    rollouts: Sequence[TokenRollout], id_prefix: str, params: Mapping[str, Any] | None, metadata: Any
+) -> tuple[list[dict[str, Any]], list[str]]:
+    members: dict[str, list[TokenRollout]] = {}
+    for row in rollouts:
+        members.setdefault(row.group_key, []).append(row)
+    groups: list[dict[str, Any]] = []
+    ids: dict[str, str] = {}
+    for key, rows in members.items():
+        first = rows[0]
+        if len(rows) < 2:
+            raise ValueError(
+                f"group {key!r} has {len(rows)} rollout: DrCredit needs at least 2 per question (rollout.n)"
+            )
+        for row in rows[1:]:
+            if row.question != first.question or row.rubrics != first.rubrics:
+                raise ValueError(
+                    f"group {key!r}: rollouts {first.rollout_id} and {row.rollout_id} differ in question/rubrics"
+                )
+        seen: set[str] = set()
+        for row in rows:
+            if row.rollout_id in seen:
+                raise ValueError(f"group {key!r}: rollout id {row.rollout_id!r} appears twice")
+            seen.add(row.rollout_id)
+        rewards = [row.outcome_reward for row in rows]
+        docs = []
+        for row in rows:
+            doc: dict[str, Any] = {"id": row.rollout_id, "turns": row.turns}
+            if all(r is not None for r in rewards):
+                doc["outcome_reward"] = row.outcome_reward
+            docs.append(doc)
+        body = group_from_rollouts(first.question, first.rubrics, docs, params=params, metadata=metadata)
+        content = json.dumps(
+            {k: body[k] for k in ("question", "rubrics", "rollouts", "params") if k in body}, sort_keys=True
+        )
+        digest = hashlib.sha256(content.encode()).hexdigest()[:20]
+        head = _safe_id(f"{id_prefix}{key}")[: 128 - len(digest) - 1]
+        body["group_id"] = f"{head}-{digest}"
+        ids[key] = body["group_id"]
+        groups.append(body)
+    return groups, [ids[row.group_key] for row in rollouts]
+
+
+def _safe_id(text: str) -> str:
+    return _ID_CHARS.sub("-", text)[:128]
+
+
+def _make_client(settings: DrCreditSettings) -> Any:
+    from drcredit.client import DrCreditClient
+
+    return DrCreditClient(settings.base_url, api_key=settings.api_key)
+
+
+# ----------------------------------------------------------------------------- VeRL batches
+
+
+@contextlib.contextmanager
+def batch_context(non_tensor_batch: Mapping[str, Any]) -> Iterator[None]:
+    """Make ``non_tensor_batch`` visible to :func:`drcredit_advantage` called inside the block.
+
+    verl 0.9.1's ``compute_advantage`` passes a registered estimator no non-tensor data, so a
+    trainer that calls it wraps the call: ``with batch_context(data.non_tensor_batch):
+    compute_advantage(data, adv_estimator="drcredit", ...)``. The v1 trainer modes registered
+    by :func:`register` do this for you.
+    """
+    token = _CONTEXT.set(non_tensor_batch)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def drcredit_advantage(
+    token_level_rewards: Any,
+    response_mask: Any,
+    index: Any = None,
+    config: Any = None,
+    non_tensor_batch: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """The ``drcredit`` advantage estimator, with VeRL's estimator signature.
+
+    Returns ``(advantages, returns)``, both ``(batch, response_length)`` float tensors on the
+    device and dtype of ``token_level_rewards``; tool-observation and padding tokens get 0.
+    ``index`` holds the uids. The turn records come from ``non_tensor_batch`` or the
+    enclosing :func:`batch_context`.
+    """
+    torch = importlib.import_module("torch")
+    non_tensor = non_tensor_batch if non_tensor_batch is not None else _CONTEXT.get()
+    if non_tensor is None or TURNS_KEY not in non_tensor:
+        raise RuntimeError(
+            f"the {ESTIMATOR_NAME!r} advantage estimator needs the samples' {TURNS_KEY!r} records, but VeRL "
+            "passed none: use trainer.v1.trainer_mode=drcredit_sync (or another drcredit_* mode), or call "
+            "VeRL's compute_advantage inside drcredit.trainers.verl.batch_context(data.non_tensor_batch)"
+        )
+    uids = index if index is not None else non_tensor.get("uid")
+    if uids is None:
+        raise RuntimeError("no group ids: VeRL passes non_tensor_batch['uid'] as `index`")
+    rewards = token_level_rewards.detach().float().sum(dim=-1).cpu().numpy()
+    values = _verl_advantages(
+        uids, response_mask, non_tensor, rewards, DrCreditSettings.from_config(config), kwargs.get("drcredit_client")
+    )
+    advantages = torch.as_tensor(values, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
+    advantages = advantages * response_mask.to(advantages.dtype)
+    return advantages, advantages.clone()
+
+
+def compute_drcredit_advantage(
+    data: Any,
+    *,
+    config: Any = None,
+    settings: DrCreditSettings | None = None,
+    client: Any = None,
+    outcome_rewards: npt.ArrayLike | None = None,
+) -> Any:
+    """Fill ``data.batch["advantages"]`` and ``["returns"]`` of a VeRL ``DataProto``; return ``data``.
+
+    Needs ``non_tensor_batch["uid"]`` and ``[TURNS_KEY]``, ``batch["response_mask"]``, and
+    ``batch["token_level_rewards"]`` unless ``outcome_rewards`` (one float per row) is given.
+    ``client`` defaults to a :class:`drcredit.client.DrCreditClient` made from ``settings``
+    (default: :meth:`DrCreditSettings.from_config` of ``config``).
+    """
+    torch = importlib.import_module("torch")
+    mask = data.batch["response_mask"]
+    if outcome_rewards is None:
+        rewards = data.batch["token_level_rewards"].detach().float().sum(dim=-1).cpu().numpy()
+    else:
+        rewards = np.asarray(outcome_rewards, dtype=np.float64)
+    values = _verl_advantages(
+        data.non_tensor_batch["uid"],
+        mask,
+        data.non_tensor_batch,
+        rewards,
+        settings or DrCreditSettings.from_config(config),
+        client,
+    )
+    advantages = torch.as_tensor(values, dtype=torch.float32, device=mask.device) * mask.to(torch.float32)
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = advantages.clone()
+    return data
+
+
+def _verl_advantages(
+    uids: Any,
+    response_mask: Any,
+    non_tensor: Mapping[str, Any],
+    rewards: npt.NDArray[Any],
+    settings: DrCreditSettings,
+    client: Any,
+) -> npt.NDArray[np.float32]:
+    mask = np.asarray(response_mask.detach().cpu().numpy() if hasattr(response_mask, "detach") else response_mask)
+    if mask.ndim != 2:
+        raise ValueError(f"response_mask must be (batch, response_length), got shape {mask.shape}")
+    rows = _rows(list(np.asarray(uids, dtype=object)), mask, non_tensor, rewards)
+    own = client is None
+    client = _make_client(settings) if own else client
+    try:
+        values = score_token_rollouts(
+            rows, client=client, timeout_s=settings.timeout_s, id_prefix=settings.id_prefix, params=settings.params
+        )
+    finally:
+        if own:
+            client.close()
+    out = np.zeros(mask.shape, dtype=np.float32)
+    for b, row in enumerate(values):
+        out[b, : row.shape[0]] = row
+    return out
+
+
+def _rows(
+    uids: list[Any], mask: npt.NDArray[Any], non_tensor: Mapping[str, Any], rewards: npt.NDArray[Any]
+) -> list[TokenRollout]:
+    n = len(uids)
+    if mask.shape[0] != n or len(rewards) != n:
+        raise ValueError(f"batch sizes differ: {n} uids, {mask.shape[0]} mask rows, {len(rewards)} rewards")
+    records = non_tensor[TURNS_KEY]
+    extra_info = non_tensor.get("extra_info")
+    row_ids = non_tensor.get(ROW_ID_KEY)
+    counters: dict[str, int] = {}
+    rows = []
+    for b in range(n):
+        key = str(uids[b])
+        where = f"row {b} (uid {key})"
+        record = read_turn_record(records[b], where)
+        info = _plain(extra_info[b]) if extra_info is not None else None
+        question, rubrics = _question_and_rubrics(record, info, where)
+        position = counters.get(key, 0)
+        counters[key] = position + 1
+        rollout_id = _safe_id(str(row_ids[b])) if row_ids is not None else f"r{position}"
+        reward = float(rewards[b])
+        if not math.isfinite(reward):
+            raise ValueError(f"{where}: outcome reward is not finite ({reward})")
+        rows.append(
+            TokenRollout(
+                group_key=key,
+                rollout_id=rollout_id,
+                question=question,
+                rubrics=rubrics,
+                turns=record["turns"],
+                spans=[None if s is None else (int(s[0]), int(s[1])) for s in record["spans"]],
+                policy_mask=mask[b],
+                outcome_reward=reward,
+            )
+        )
+    return rows
+
+
+def _question_and_rubrics(record: Mapping[str, Any], info: Any, where: str) -> tuple[str, list[dict[str, Any]]]:
+    sources: list[Mapping[str, Any]] = [record]
+    if isinstance(info, Mapping):
+        nested = info.get("drcredit")
+        if isinstance(nested, Mapping):
+            sources.append(nested)
+        sources.append(info)
+    question = next((s["question"] for s in sources if s.get("question")), None)
+    rubrics = next((s["rubrics"] for s in sources if s.get("rubrics")), None)
+    if isinstance(rubrics, (str, bytes)):
+        rubrics = json.loads(rubrics)
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where}: no question (extra_info['question'] or extra_info['drcredit']['question'])")
+    if not isinstance(rubrics, list) or not rubrics:
+        raise ValueError(f"{where}: no rubrics (extra_info['rubrics'] or extra_info['drcredit']['rubrics'])")
+    return question, [dict(r) for r in rubrics]
+
+
+# ----------------------------------------------------------------------------- agent loop (rollout workers)
+
+
+def conversation_record(
+    messages: Sequence[Mapping[str, Any]],
+    generations: Sequence[tuple[tuple[int, int], int | None]],
+    *,
+    tools: ToolNames,
+    question: str | None = None,
+    rubrics: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The turn record of a finished conversation (the generated messages, prompt excluded).
+
+    ``generations[g] = (span, message_position)``: the token span of the ``g``-th assistant
+    generation and the position in ``messages`` of the assistant message it produced. A
+    conversion failure becomes a record with ``error`` (the estimator then names the row).
+    """
+    try:
+        rollout = from_chat_messages(messages, rollout_id="r", tools=tools)
+    except ConversionError as exc:
+        return _error_record(str(exc))
+    assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    last = assistant[-1] if assistant else -1
+    spans: list[tuple[int, int] | None] = []
+    for span, position in generations:
+        if position is None:
+            continue
+        calls = messages[position].get("tool_calls") or []
+        count = len(calls) if calls else (1 if position == last else 0)
+        spans.extend([span] * count)
+    turns = rollout["turns"]
+    if len(spans) != len(turns):
+        return _error_record(f"{len(turns)} turns for {len(spans)} recorded generation spans")
+    return make_turn_record(turns, spans, question=question, rubrics=rubrics)
+
+
+def _tool_call_message(content: str, calls: Sequence[Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content or ""}
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
+    return message
+
+
+def _build_agent_loop() -> type:
+    tool_agent_loop = importlib.import_module("verl.experimental.agent_loop.tool_agent_loop")
+    base: Any = tool_agent_loop.ToolAgentLoop
+
+    class DrCreditToolAgentLoop(base):  # type: ignore[misc,valid-type]
+        """VeRL's ``ToolAgentLoop`` that also writes the DrCredit turn record (see the module doc)."""
+
+        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
+            self._drcredit_generations: list[tuple[tuple[int, int], int | None]] = []
+            self._drcredit_tail: dict[str, Any] | None = None
+            self._drcredit_data: Any = None
+            output = await super().run(sampling_params, **kwargs)
+            output.extra_fields[TURNS_KEY] = self._drcredit_record(kwargs)
+            return output
+
+        async def _handle_generating_state(
+            self, agent_data: Any, sampling_params: dict[str, Any], ignore_termination: bool = False
+        ) -> Any:
+            self._drcredit_data = agent_data
+            start, before = len(agent_data.response_mask), len(agent_data.messages)
+            state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
+            span = (start, len(agent_data.response_mask))
+            if len(agent_data.messages) > before:
+                self._drcredit_generations.append((span, before))
+            else:
+                # stopped by a length or turn limit before the calls were parsed: parse them here
+                active = getattr(agent_data, "_active_tools", self.tools)
+                content, calls = await self.tool_parser.extract_tool_calls(
+                    agent_data.response_ids, [t.tool_schema for t in active.values()]
+                )
+                self._drcredit_tail = _tool_call_message(content, calls[: self.max_parallel_calls])
+                self._drcredit_generations.append((span, -1))
+            return state
+
+        def _drcredit_record(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+            data = self._drcredit_data
+            if data is None:
+                return _error_record("no generation was recorded")
+            prompt_length = len(kwargs["raw_prompt"])
+            messages = [dict(m) for m in data.messages[prompt_length:]]
+            generations = []
+            for span, position in self._drcredit_generations:
+                if position == -1:
+                    if self._drcredit_tail is None:
+                        continue
+                    messages.append(self._drcredit_tail)
+                    generations.append((span, len(messages) - 1))
+                else:
+                    generations.append((span, position - prompt_length))
+            info = _plain(kwargs.get("extra_info")) or {}
+            nested = info.get("drcredit") if isinstance(info.get("drcredit"), Mapping) else {}
+            settings = DrCreditSettings.from_config(self.config.get("algorithm"))
+            rubrics = nested.get("rubrics") or info.get("rubrics")
+            return conversation_record(
+                messages,
+                generations,
+                tools=settings.tool_names,
+                question=nested.get("question") or info.get("question"),
+                rubrics=json.loads(rubrics) if isinstance(rubrics, str) else rubrics,
+            )
+
+    DrCreditToolAgentLoop.__module__ = __name__
+    DrCreditToolAgentLoop.__qualname__ = "DrCreditToolAgentLoop"
+    return DrCreditToolAgentLoop
+
+
+# ----------------------------------------------------------------------------- v1 trainers (driver)
+
+
+def _build_trainer_classes() -> dict[str, type]:
+    trainer_base = importlib.import_module("verl.trainer.ppo.v1.trainer_base")
+    importlib.import_module("verl.trainer.ppo.v1")  # registers VeRL's own modes
+    tq = importlib.import_module("transfer_queue")
+
+    class _FeedTurns:
+        """Reads the samples' turn records from the TransferQueue around ``_compute_advantage``."""
+
+        config: Any
+
+        def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
+            parent: Any = super()
+            if str(self.config.algorithm.adv_estimator) != ESTIMATOR_NAME:
+                return parent._compute_advantage(batch, metrics)
+            # the agent loop's extra_fields and the prompt's extra_info are stored with each sample
+            fields = ["extra_fields", "extra_info"]
+            rows = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            extra = list(rows["extra_fields"])  # a list of per-sample dicts
+            non_tensor: dict[str, Any] = {
+                TURNS_KEY: np.array([(e or {}).get(TURNS_KEY) for e in extra], dtype=object),
+                # keys are {uid}_{session}_{output}: the rollout id is the session and output
+                ROW_ID_KEY: np.array(["s" + "-o".join(str(k).rsplit("_", 2)[1:]) for k in batch.keys], dtype=object),
+            }
+            if "extra_info" in rows.keys():
+                non_tensor["extra_info"] = np.array(list(rows["extra_info"]), dtype=object)
+            with batch_context(non_tensor):
+                return parent._compute_advantage(batch, metrics)
+
+    made: dict[str, type] = {}
+    for name, base in list(trainer_base.TRAINER_REGISTRY.items()):
+        if name.startswith(TRAINER_MODE_PREFIX):
+            continue
+        mode = TRAINER_MODE_PREFIX + name
+        existing = trainer_base.TRAINER_REGISTRY.get(mode)
+        if existing is not None:
+            made[mode] = existing
+            continue
+        cls = type(f"DrCredit{base.__name__}", (_FeedTurns, base), {"__module__": __name__})
+        made[mode] = trainer_base.register_trainer(mode)(cls)
+    return made
+
+
+# ----------------------------------------------------------------------------- registration
+
+_AGENT_LOOP: type | None = None
+
+
+def register() -> dict[str, Any]:
+    """Register the estimator, the agent loop and the v1 trainer modes in VeRL's registries.
+
+    Idempotent. Pieces whose VeRL modules cannot be imported in this process (e.g. the v1
+    trainers without ``transfer_queue``) are skipped and reported as the exception.
+    """
+    global _AGENT_LOOP
+    done: dict[str, Any] = {}
+    core_algos = importlib.import_module("verl.trainer.ppo.core_algos")
+    current = core_algos.ADV_ESTIMATOR_REGISTRY.get(ESTIMATOR_NAME)
+    if current is None:
+        core_algos.register_adv_est(ESTIMATOR_NAME)(drcredit_advantage)
+    elif getattr(current, "__module__", None) != __name__:
+        raise ValueError(f"another advantage estimator is registered as {ESTIMATOR_NAME!r}: {current!r}")
+    done["estimator"] = core_algos.get_adv_estimator_fn(ESTIMATOR_NAME)
+    try:
+        agent_loop = importlib.import_module("verl.experimental.agent_loop.agent_loop")
+        if _AGENT_LOOP is None:
+            _AGENT_LOOP = _build_agent_loop()
+        agent_loop.register(AGENT_LOOP_NAME)(_AGENT_LOOP)
+        done["agent_loop"] = _AGENT_LOOP
+    except ImportError as exc:
+        done["agent_loop"] = exc
+    try:
+        done["trainers"] = _build_trainer_classes()
+    except ImportError as exc:
+        done["trainers"] = exc
+    return done
+
+
+def __getattr__(name: str) -> Any:
+    """``DrCreditToolAgentLoop`` is built on first access, so hydra can locate it by path."""
+    global _AGENT_LOOP
+    if name == "DrCreditToolAgentLoop":
+        if _AGENT_LOOP is None:
+            _AGENT_LOOP = _build_agent_loop()
+        return _AGENT_LOOP
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _register_when_loaded_by_verl() -> None:
+    """Imported by VeRL's plugin loader or ``VERL_USE_EXTERNAL_MODULES``: register at once."""
+    if "verl" in sys.modules and os.environ.get("DRCREDIT_VERL_AUTOREGISTER", "1") != "0":
+        with contextlib.suppress(ImportError):
+            register()
+
+
+_register_when_loaded_by_verl()
