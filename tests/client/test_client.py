@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import re
 import threading
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import httpx
 import pytest
@@ -55,7 +56,7 @@ from tests.support.judge_server import JudgeServer, Reply, free_port, running_ju
 
 RUBRICS = [rubric("R1", weight=2.0), rubric("R2", kind="logical"), rubric("P", weight=-1.0)]
 #: Hand-worked in tests/api/test_api.py (marker judge, default params).
-CREDITS = {"a": [0.8, 0.7, 0.0, None], "b": [0.7, 0.2, 0.0]}
+CREDITS: dict[str, list[float | None]] = {"a": [0.8, 0.7, 0.0, None], "b": [0.7, 0.2, 0.0]}
 ID = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
 FAST = {"max_attempts": 3, "backoff_initial": 0.01, "backoff_max": 0.02}
 
@@ -97,7 +98,7 @@ def approx_credits() -> dict[str, list[Any]]:
 
 
 @contextmanager
-def serving(app: Any, *, lifespan: str = "on") -> Iterator[str]:
+def serving(app: Any, *, lifespan: Literal["on", "off"] = "on") -> Iterator[str]:
     """Run an ASGI app with uvicorn on a free port in a thread; yields its base URL."""
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan))
@@ -419,7 +420,7 @@ def test_wait_timeout(tmp_path: Path, connect: Connect) -> None:
         with pytest.raises(DrCreditTimeout) as err:
             client.wait_for_advantages("slow", timeout=0.4, poll_wait=0.2)
         elapsed = time.monotonic() - started
-        assert 0.4 <= elapsed < 1.4, elapsed
+        assert 0.4 <= elapsed < 2.5, elapsed  # the group needs at least 3 s of judge delays
         assert isinstance(err.value, TimeoutError) and err.value.status in ("queued", "running")
         assert err.value.document is not None and err.value.document["group_id"] == "slow"
         assert "not finished after 0.4s" in str(err.value)
@@ -458,7 +459,7 @@ def test_retries_5xx_then_succeeds(service: str, connect: Connect) -> None:
         client = connect(url, **FAST)
         accepted = client.submit_group(small_group())  # no id given: one is made before the first try
         assert accepted["created"] is True and proxy.seen["POST", "/v1/groups"] == 3
-        sent = {httpx.Response(200, content=b).json()["group_id"] for b in proxy.bodies}
+        sent = {json.loads(b)["group_id"] for b in proxy.bodies}
         assert sent == {accepted["group_id"]}
         client.submit_group(small_group(), group_id="r1")
         assert client.group_status("r1")["group_id"] == "r1" and proxy.seen["GET", "/v1/groups/r1"] == 3

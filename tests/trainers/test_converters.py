@@ -520,7 +520,7 @@ def test_search_without_results(response: str, error: str | None) -> None:
         json.dumps({"pages": [{"evidence": "ev a", "summary": "sum a"}, {"content": "Failed to fetch https://b.org"}]}),
         '<webpage id="W7" url="https://a.org"><summary>sum a</summary><evidence>ev a</evidence></webpage>\n'
         '<webpage url="https://b.org" error="404"/>',
-        "URL: https://a.org\nSummary: sum a\nEvidence: ev a\n\nURL: https://b.org\nError: 404\n",
+        "Visited 2 pages:\nURL: https://a.org\nSummary: sum a\nEvidence: ev a\n\nURL: https://b.org\nError: 404\n",
         "## Page 1: https://a.org\nTitle: A\nEvidence:\nev a\nSummary:\nsum a\n---\n## Page 2: https://b.org\n"
         "HTTP 404 Not Found\n",
     ],
@@ -705,10 +705,6 @@ def test_tool_call_without_response_before_the_next_step() -> None:
         (
             lambda m: m[5].update(content=json.dumps([{"evidence": "only one page, no url"}])),
             "messages[5]: page 0 has no url and the call has 2 URLs for 1 pages",
-        ),
-        (
-            lambda m: m[5].update(content="Fetched.\nURL: https://a.org\nEvidence: x"),
-            "messages[5]: text before the first page section",
         ),
         (lambda m: m[3].update(content=[{"type": "image_url"}]), "messages[3].content[0]: only text content parts"),
         (
