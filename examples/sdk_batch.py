@@ -1,7 +1,8 @@
 """Score examples/group.json through a running DrCredit service with the client SDK.
 
 Posts the group as a one-group batch (a trainer posts one batch per training step), waits
-with a progress bar on stderr and prints the per-turn advantages of every rollout. It
+with a progress bar on stderr and prints the per-turn advantages of every rollout, then
+the per-token advantages a trainer would put in its loss (with a toy tokenizer). It
 starts nothing itself; run a service first, e.g. ``drcredit serve --port 8000``:
 
     python examples/sdk_batch.py --url http://127.0.0.1:8000
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from drcredit.client import DrCreditClient, DrCreditError, new_group_id
+from drcredit.trainers.tokens import broadcast_advantages, turn_advantages
 
 GROUP = Path(__file__).with_name("group.json")
 
@@ -44,6 +46,39 @@ def print_advantages(doc: dict[str, Any]) -> None:
             )
 
 
+def toy_tokens(turn: dict[str, Any]) -> tuple[list[str], list[int]]:
+    """A stand-in for a trainer's tokenizer: whitespace words of one turn.
+
+    The words the policy wrote (reasoning, call, answer) get mask 1; the tool's
+    observation (results, pages) gets mask 0, as a trainer masks it out of the loss.
+    """
+    policy = (
+        " ".join(str(turn.get(k) or "") for k in ("reasoning", "answer")) + " " + json.dumps(turn.get("call") or {})
+    )
+    observation = json.dumps(turn.get("results") or turn.get("pages") or turn.get("response") or "")
+    words, mask = policy.split(), [1] * len(policy.split())
+    if turn["type"] != "answer":
+        obs = observation.split()
+        words += obs
+        mask += [0] * len(obs)
+    return words, mask
+
+
+def print_token_advantages(doc: dict[str, Any], group: dict[str, Any]) -> None:
+    """Per-token advantages: every policy token of a turn carries that turn's advantage."""
+    print("\ntoken-level advantages (toy whitespace tokens; tool observations masked):")
+    for ro, source in zip(doc["rollouts"], group["rollouts"], strict=True):
+        spans, mask = [], []
+        for turn in source["turns"]:
+            _, turn_mask = toy_tokens(turn)
+            spans.append((len(mask), len(mask) + len(turn_mask)))
+            mask += turn_mask
+        tokens = broadcast_advantages(turn_advantages(doc, ro["id"]), spans, mask)
+        policy = [float(x) for x, m in zip(tokens, mask, strict=True) if m]
+        head = " ".join(f"{x:+.2f}" for x in tokens[:12])
+        print(f"  {ro['id']}: {len(tokens)} tokens ({len(policy)} policy), first 12: {head} ...")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--url", help="service URL (default: $DRCREDIT_URL, else http://127.0.0.1:8000)")
@@ -64,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     for doc in batch["groups"]:
         print_advantages(doc)
+        print_token_advantages(doc, group)
     return 0
 
 

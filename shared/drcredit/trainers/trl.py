@@ -56,6 +56,7 @@ from drcredit.trainers.tokens import policy_spans
 from drcredit.trainers.verl import (
     TURNS_KEY,
     DrCreditSettings,
+    ScoredBatch,
     TokenRollout,
     _make_client,
     conversation_record,
@@ -123,7 +124,7 @@ def _build_trainer() -> type:
     gather_object = importlib.import_module("accelerate.utils").gather_object
     base: Any = trl.GRPOTrainer
 
-    class DrCreditGRPOTrainer(base):  # type: ignore[misc,valid-type]
+    class DrCreditGRPOTrainer(base):  # type: ignore[misc]
         """``trl.GRPOTrainer`` with DrCredit's per-token advantages (see the module doc).
 
         Extra keyword arguments: ``drcredit`` (a :class:`DrCreditSettings`; default from the
@@ -150,6 +151,8 @@ def _build_trainer() -> type:
             self.drcredit_apply_in_eval = apply_in_eval
             self._drcredit_generation: dict[str, Any] | None = None
             self._drcredit_rewards: Any = None
+            #: the last scored batch (batch id, each completion's group id), to look credits up
+            self.drcredit_last_batch: ScoredBatch | None = None
 
         # -------------------------------------------------------------- capture
 
@@ -221,7 +224,8 @@ def _build_trainer() -> type:
                     )
                 )
             start = self.accelerator.process_index * len(inputs)
-            values = self._drcredit_score(rollouts)
+            self.drcredit_last_batch = scored = self._drcredit_score(rollouts)
+            values = scored.values
             width = output["completion_ids"].shape[1]
             out = np.zeros((len(inputs), width), dtype=np.float32)
             for b in range(len(inputs)):
@@ -244,7 +248,7 @@ def _build_trainer() -> type:
             question, rubrics = question_and_rubrics(row)
             return {"record": record, "mask": mask, "question": question, "rubrics": rubrics}
 
-        def _drcredit_score(self, rollouts: list[TokenRollout]) -> list[npt.NDArray[np.float32]]:
+        def _drcredit_score(self, rollouts: list[TokenRollout]) -> ScoredBatch:
             own = self.drcredit_client is None
             client = _make_client(self.drcredit) if own else self.drcredit_client
             try:

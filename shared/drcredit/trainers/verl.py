@@ -66,14 +66,17 @@ __all__ = [
     "TRAINER_MODE_PREFIX",
     "TURNS_KEY",
     "DrCreditSettings",
+    "ScoredBatch",
     "TokenRollout",
     "batch_context",
     "compute_drcredit_advantage",
+    "conversation_record",
     "drcredit_advantage",
     "make_turn_record",
     "read_turn_record",
     "register",
     "score_token_rollouts",
+    "token_values",
 ]
 
 TARGET_VERL_VERSION = "0.9.1"
@@ -242,6 +245,17 @@ class TokenRollout:
     outcome_reward: float | None = None
 
 
+@dataclass
+class ScoredBatch:
+    """What :func:`score_token_rollouts` returns: ids to look the scoring up, and the values."""
+
+    batch_id: str
+    #: per row, the id of its group on the service (``GET /v1/groups/{id}/credits`` explains it)
+    group_ids: list[str]
+    #: per row, float32 per-token advantages of the length of its ``policy_mask``
+    values: list[npt.NDArray[np.float32]]
+
+
 def score_token_rollouts(
     rollouts: Sequence[TokenRollout],
     *,
@@ -250,18 +264,17 @@ def score_token_rollouts(
     id_prefix: str = "",
     params: Mapping[str, Any] | None = None,
     metadata: Any = None,
-) -> list[npt.NDArray[np.float32]]:
+) -> ScoredBatch:
     """Post one group per ``group_key`` as one batch, wait, and return per-token advantages per row.
 
     ``client`` is a :class:`drcredit.client.DrCreditClient` (``submit_batch``, ``wait_for_batch``).
     Group and batch ids are content-addressed (``id_prefix`` + key + a hash of the group), so a
     retried step, or several data-parallel ranks posting the same groups, reuse the same
-    groups on the server instead of conflicting with them. Each returned row has the length of
-    its ``policy_mask``.
+    groups on the server instead of conflicting with them.
     """
     groups, order = _groups(rollouts, id_prefix, params, metadata)
     if not groups:
-        return []
+        return ScoredBatch("", [], [])
     digest = hashlib.sha256("\n".join(g["group_id"] for g in groups).encode()).hexdigest()[:24]
     batch_id = _safe_id(f"{id_prefix}batch-{digest}")
     answer = client.submit_batch(groups, batch_id=batch_id)
@@ -279,7 +292,7 @@ def score_token_rollouts(
                 f"group {group_id} rollout {row.rollout_id}: {len(values)} turn advantages for {len(row.turns)} turns"
             )
         out.append(token_values(values, row.spans, row.policy_mask, where=f"rollout {row.rollout_id}"))
-    return out
+    return ScoredBatch(batch_id, order, out)
 
 
 def token_values(
@@ -420,9 +433,7 @@ def drcredit_advantage(
     if uids is None:
         raise RuntimeError("no group ids: VeRL passes non_tensor_batch['uid'] as `index`")
     rewards = token_level_rewards.detach().float().sum(dim=-1).cpu().numpy()
-    values = _verl_advantages(
-        uids, response_mask, non_tensor, rewards, DrCreditSettings.from_config(config), kwargs.get("drcredit_client")
-    )
+    values = _verl_advantages(uids, response_mask, non_tensor, rewards, DrCreditSettings.from_config(config), None)
     advantages = torch.as_tensor(values, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
     advantages = advantages * response_mask.to(advantages.dtype)
     return advantages, advantages.clone()
@@ -478,14 +489,14 @@ def _verl_advantages(
     own = client is None
     client = _make_client(settings) if own else client
     try:
-        values = score_token_rollouts(
+        scored = score_token_rollouts(
             rows, client=client, timeout_s=settings.timeout_s, id_prefix=settings.id_prefix, params=settings.params
         )
     finally:
         if own:
             client.close()
     out = np.zeros(mask.shape, dtype=np.float32)
-    for b, row in enumerate(values):
+    for b, row in enumerate(scored.values):
         out[b, : row.shape[0]] = row
     return out
 
@@ -595,11 +606,12 @@ def _build_agent_loop() -> type:
     tool_agent_loop = importlib.import_module("verl.experimental.agent_loop.tool_agent_loop")
     base: Any = tool_agent_loop.ToolAgentLoop
 
-    class DrCreditToolAgentLoop(base):  # type: ignore[misc,valid-type]
+    class DrCreditToolAgentLoop(base):  # type: ignore[misc]
         """VeRL's ``ToolAgentLoop`` that also writes the DrCredit turn record (see the module doc)."""
 
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-            self._drcredit_generations: list[tuple[tuple[int, int], int | None]] = []
+            # (span, position of the assistant message in agent_data.messages, or -1 for the unparsed tail)
+            self._drcredit_generations: list[tuple[tuple[int, int], int]] = []
             self._drcredit_tail: dict[str, Any] | None = None
             self._drcredit_data: Any = None
             output = await super().run(sampling_params, **kwargs)
@@ -617,7 +629,7 @@ def _build_agent_loop() -> type:
                 self._drcredit_generations.append((span, before))
             else:
                 # stopped by a length or turn limit before the calls were parsed: parse them here
-                active = getattr(agent_data, "_active_tools", self.tools)
+                active: Any = getattr(agent_data, "_active_tools", self.tools)
                 content, calls = await self.tool_parser.extract_tool_calls(
                     agent_data.response_ids, [t.tool_schema for t in active.values()]
                 )
@@ -631,7 +643,7 @@ def _build_agent_loop() -> type:
                 return _error_record("no generation was recorded")
             prompt_length = len(kwargs["raw_prompt"])
             messages = [dict(m) for m in data.messages[prompt_length:]]
-            generations = []
+            generations: list[tuple[tuple[int, int], int | None]] = []
             for span, position in self._drcredit_generations:
                 if position == -1:
                     if self._drcredit_tail is None:
@@ -640,8 +652,8 @@ def _build_agent_loop() -> type:
                     generations.append((span, len(messages) - 1))
                 else:
                     generations.append((span, position - prompt_length))
-            info = _plain(kwargs.get("extra_info")) or {}
-            nested = info.get("drcredit") if isinstance(info.get("drcredit"), Mapping) else {}
+            info: Any = _plain(kwargs.get("extra_info")) or {}
+            nested: Any = info.get("drcredit") if isinstance(info.get("drcredit"), Mapping) else {}
             settings = DrCreditSettings.from_config(self.config.get("algorithm"))
             rubrics = nested.get("rubrics") or info.get("rubrics")
             return conversation_record(
@@ -683,7 +695,7 @@ def _build_trainer_classes() -> dict[str, type]:
                 # keys are {uid}_{session}_{output}: the rollout id is the session and output
                 ROW_ID_KEY: np.array(["s" + "-o".join(str(k).rsplit("_", 2)[1:]) for k in batch.keys], dtype=object),
             }
-            if "extra_info" in rows.keys():
+            if "extra_info" in rows:
                 non_tensor["extra_info"] = np.array(list(rows["extra_info"]), dtype=object)
             with batch_context(non_tensor):
                 return parent._compute_advantage(batch, metrics)
