@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import structlog
-from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy import CursorResult, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -464,18 +464,7 @@ class Pipeline:
 
     def _maybe_aggregate(self, group_pk: int) -> None:
         with self.db.session() as s:
-            flipped = _changed(
-                s,
-                update(m.Group)
-                .where(
-                    m.Group.id == group_pk,
-                    m.Group.aggregation == "pending",
-                    m.Group.units_done == m.Group.units_total,
-                    m.Group.rollouts_received == m.Group.expected_rollouts,
-                    m.Group.status.in_(("queued", "running")),
-                )
-                .values(aggregation="enqueued"),
-            )
+            flipped = _changed(s, _aggregation_flip(group_pk))
         if flipped:
             self.dispatcher.dispatch_aggregation(group_pk)
 
@@ -684,7 +673,9 @@ class Pipeline:
             )
             if changed:
                 s.execute(update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1))
-        self._maybe_aggregate(group_pk)
+            flipped = _changed(s, _aggregation_flip(group_pk))
+        if flipped:
+            self.dispatcher.dispatch_aggregation(group_pk)
 
     # ------------------------------------------------------------------ judging
 
@@ -846,29 +837,35 @@ class Pipeline:
         the unit is no longer this delivery's (its group failed, or its lease passed on).
         """
         verdict = result.verdict
-        row = _judgment_row(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
-        row.prior_support = prior
+        values = _judgment_values(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
+        values["prior_support"] = prior
         if verdict is not None:
-            row.level, row.page_ids = verdict.level, list(verdict.page_ids)
-            row.support_points, row.rationale = list(verdict.support_points), verdict.rationale
+            values.update(
+                level=verdict.level,
+                page_ids=list(verdict.page_ids),
+                support_points=list(verdict.support_points),
+                rationale=verdict.rationale,
+            )
         try:
             with self.db.session() as s:
-                s.add(row)
+                _insert_judgment(s, values, result, cached)
                 if verdict is not None and verdict.level > 0:
                     # Only this chain appends to this (rollout, rubric) history, so the
                     # next position is the length of the history it judged against.
-                    s.add_all(
-                        m.SupportPoint(
-                            group_pk=group_pk,
-                            rollout_id=rollout_id,
-                            rubric_id=rubric_id,
-                            position=prior + i,
-                            turn_index=turn_index,
-                            text=point,
-                        )
-                        for i, point in enumerate(verdict.support_points)
+                    s.execute(
+                        insert(m.SupportPoint),
+                        [
+                            {
+                                "group_pk": group_pk,
+                                "rollout_id": rollout_id,
+                                "rubric_id": rubric_id,
+                                "position": prior + i,
+                                "turn_index": turn_index,
+                                "text": point,
+                            }
+                            for i, point in enumerate(verdict.support_points)
+                        ],
                     )
-                s.flush()
                 kept = self._renew(s, unit_id, owner)
         except IntegrityError:
             log.info("visit judgment already stored by another delivery", extra={"group_pk": group_pk})
@@ -884,15 +881,17 @@ class Pipeline:
         result: JudgeResult[SnippetVerdict],
         cached: bool,
     ) -> bool:
-        row = _judgment_row(group_pk, "snippet", rollout_id, turn_index, "", key, result, cached)
+        values = _judgment_values(group_pk, "snippet", rollout_id, turn_index, "", key, result, cached)
         verdict = result.verdict
         if verdict is not None:
-            row.matches = [vars(x) for x in verdict.accepted]
-            row.rejected_matches = [{"index": x.index, "match": x.raw, "reason": x.reason} for x in verdict.rejected]
-            row.match_count = len(verdict.accepted)
+            values.update(
+                matches=[vars(x) for x in verdict.accepted],
+                rejected_matches=[{"index": x.index, "match": x.raw, "reason": x.reason} for x in verdict.rejected],
+                match_count=len(verdict.accepted),
+            )
         try:
             with self.db.session() as s:
-                s.add(row)
+                _insert_judgment(s, values, result, cached)
         except IntegrityError:
             return False
         return True
@@ -1118,7 +1117,22 @@ def _snippet_task(content: GroupContent, rollout: Rollout, turn_index: int, para
     raise KeyError(turn_index)
 
 
-def _judgment_row(
+def _aggregation_flip(group_pk: int) -> Any:
+    """The conditional update that lets exactly one finisher schedule the aggregation."""
+    return (
+        update(m.Group)
+        .where(
+            m.Group.id == group_pk,
+            m.Group.aggregation == "pending",
+            m.Group.units_done == m.Group.units_total,
+            m.Group.rollouts_received == m.Group.expected_rollouts,
+            m.Group.status.in_(("queued", "running")),
+        )
+        .values(aggregation="enqueued")
+    )
+
+
+def _judgment_values(
     group_pk: int,
     kind: str,
     rollout_id: str,
@@ -1127,38 +1141,48 @@ def _judgment_row(
     key: str,
     result: JudgeResult[Any],
     cached: bool,
-) -> m.Judgment:
-    row = m.Judgment(
-        group_pk=group_pk,
-        kind=kind,
-        rollout_id=rollout_id,
-        turn_index=turn_index,
-        rubric_id=rubric_id,
-        status=result.status,
-        answer=result.answer,
-        request_key=key,
-        cache_hit=cached,
-        backend=result.backend,
-        model=result.model,
-        failure_reason=result.failure_reason,
-        latency_s=0.0 if cached else result.latency_s,
-        prompt_tokens=0 if cached else result.prompt_tokens,
-        completion_tokens=0 if cached else result.completion_tokens,
-        attempt_count=0 if cached else len(result.attempts),
-    )
-    if not cached:
-        row.attempts = [
-            m.JudgmentAttempt(
-                number=a.number,
-                outcome=a.outcome,
-                error=a.error,
-                latency_s=a.latency_s,
-                prompt_tokens=a.prompt_tokens,
-                completion_tokens=a.completion_tokens,
-            )
-            for a in result.attempts
-        ]
-    return row
+) -> dict[str, Any]:
+    return {
+        "group_pk": group_pk,
+        "kind": kind,
+        "rollout_id": rollout_id,
+        "turn_index": turn_index,
+        "rubric_id": rubric_id,
+        "status": result.status,
+        "answer": result.answer,
+        "request_key": key,
+        "cache_hit": cached,
+        "backend": result.backend,
+        "model": result.model,
+        "failure_reason": result.failure_reason,
+        "latency_s": 0.0 if cached else result.latency_s,
+        "prompt_tokens": 0 if cached else result.prompt_tokens,
+        "completion_tokens": 0 if cached else result.completion_tokens,
+        "attempt_count": 0 if cached else len(result.attempts),
+        "created_at": now(),
+    }
+
+
+def _insert_judgment(s: Session, values: dict[str, Any], result: JudgeResult[Any], cached: bool) -> int:
+    """Insert a judgment and its attempts with Core statements (no unit of work: cheaper)."""
+    judgment_id: int = s.execute(insert(m.Judgment).values(**values).returning(m.Judgment.id)).scalar_one()
+    if not cached and result.attempts:
+        s.execute(
+            insert(m.JudgmentAttempt),
+            [
+                {
+                    "judgment_pk": judgment_id,
+                    "number": a.number,
+                    "outcome": a.outcome,
+                    "error": a.error,
+                    "latency_s": a.latency_s,
+                    "prompt_tokens": a.prompt_tokens,
+                    "completion_tokens": a.completion_tokens,
+                }
+                for a in result.attempts
+            ],
+        )
+    return judgment_id
 
 
 def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:
