@@ -21,8 +21,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 
+from drcredit.trainers.scoring import DrCreditSettings
 from drcredit.trainers.trl import DrCreditGRPOTrainer
-from drcredit.trainers.verl import DrCreditSettings
 
 GROUP = json.loads((Path(__file__).resolve().parents[1] / "group.json").read_text())
 

@@ -30,8 +30,8 @@ import uvicorn  # noqa: E402
 
 from drcredit.client import DrCreditClient  # noqa: E402
 from drcredit.trainers import trl as adapter  # noqa: E402
+from drcredit.trainers.scoring import DrCreditSettings, make_turn_record  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
-from drcredit.trainers.verl import DrCreditSettings, make_turn_record  # noqa: E402
 from drcredit_api.app import create_app  # noqa: E402
 from tests.support.api import settings_for  # noqa: E402
 from tests.support.judge_server import free_port  # noqa: E402

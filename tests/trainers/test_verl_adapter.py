@@ -76,7 +76,7 @@ def env(service: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def recording(monkeypatch: pytest.MonkeyPatch) -> None:
     """The estimator makes its own client from config/env: make it one that records group ids."""
-    monkeypatch.setattr(adapter, "_make_client", lambda settings: RecordingClient(settings.base_url))
+    monkeypatch.setattr(adapter, "make_client", lambda settings: RecordingClient(settings.base_url))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ How it hooks in (all three are ``GRPOTrainer`` methods of the installed version)
   generation, in order, so the ``k``-th assistant message's turns get the ``k``-th run as their
   span. With a user ``rollout_func`` (no built-in tool loop), the function returns its own
   ``env_mask`` and, under ``"drcredit_turns"``, one turn record per sample
-  (:func:`drcredit.trainers.verl.make_turn_record`: API turns and their token spans in the
+  (:func:`drcredit.trainers.scoring.make_turn_record`: API turns and their token spans in the
   completion); when it returns none, the decoded completion is one ``answer`` turn.
 * ``_calculate_rewards`` returns the reward functions' outputs for the whole (gathered) batch;
   the outcome reward of a completion is their weighted sum (``reward_weights``), as TRL sums
@@ -52,18 +52,18 @@ import numpy as np
 import numpy.typing as npt
 
 from drcredit.trainers.converters import ToolNames
-from drcredit.trainers.tokens import policy_spans
-from drcredit.trainers.verl import (
+from drcredit.trainers.scoring import (
     TURNS_KEY,
     DrCreditSettings,
     ScoredBatch,
     TokenRollout,
-    _make_client,
     conversation_record,
+    make_client,
     make_turn_record,
     read_turn_record,
     score_token_rollouts,
 )
+from drcredit.trainers.tokens import policy_spans
 
 __all__ = ["TARGET_TRL_VERSION", "TURNS_KEY", "completion_record", "question_and_rubrics"]
 
@@ -250,7 +250,7 @@ def _build_trainer() -> type:
 
         def _drcredit_score(self, rollouts: list[TokenRollout]) -> ScoredBatch:
             own = self.drcredit_client is None
-            client = _make_client(self.drcredit) if own else self.drcredit_client
+            client = make_client(self.drcredit) if own else self.drcredit_client
             try:
                 return score_token_rollouts(
                     rollouts,
