@@ -22,11 +22,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -52,7 +51,8 @@ from drcredit.domain.group import GroupIn
 from drcredit_api.app import create_app
 from tests.support.api import settings_for
 from tests.support.builders import answer, group_doc, page, rollout, rubric, search, tool, visit
-from tests.support.judge_server import JudgeServer, Reply, free_port, running_judge
+from tests.support.judge_server import JudgeServer, Reply, running_judge
+from tests.support.live import free_port, serving
 
 RUBRICS = [rubric("R1", weight=2.0), rubric("R2", kind="logical"), rubric("P", weight=-1.0)]
 #: Hand-worked in tests/api/test_api.py (marker judge, default params).
@@ -95,25 +95,6 @@ def approx_credits() -> dict[str, list[Any]]:
 
 
 # ---------------------------------------------------------------------------- servers
-
-
-@contextmanager
-def serving(app: Any, *, lifespan: Literal["on", "off"] = "on") -> Iterator[str]:
-    """Run an ASGI app with uvicorn on a free port in a thread; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("test server did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @contextmanager

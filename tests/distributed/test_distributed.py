@@ -28,7 +28,8 @@ from drcredit.scoring.runtime import Runtime
 from drcredit.storage.migrate import upgrade
 from tests.support.api import api_client, settings_for
 from tests.support.infra import REDIS_URL, postgres_database
-from tests.support.judge_server import Call, JudgeServer, Reply, free_port, marker_answer, running_judge
+from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
+from tests.support.live import free_port
 from tests.support.services import Workers, private_postgres, private_redis
 from tests.support.workload import marker_group
 

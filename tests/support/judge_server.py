@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,11 +17,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+
+from tests.support.live import free_port, serving
 
 
 @dataclass
@@ -120,29 +120,11 @@ def _app(server: JudgeServer) -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def running_judge(script: Script, *, reject_response_format: bool = False) -> Iterator[JudgeServer]:
     server = JudgeServer(script, port=free_port(), reject_response_format=reject_response_format)
-    config = uvicorn.Config(_app(server), host="127.0.0.1", port=server.port, log_level="warning", lifespan="off")
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("test judge server did not start")
-        time.sleep(0.01)
-    try:
+    with serving(_app(server), lifespan="off", port=server.port):
         yield server
-    finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
 
 
 # ----------------------------------------------------------------------------- the marker script

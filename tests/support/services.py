@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from tests.support.judge_server import free_port
+from tests.support.live import free_port
 
 
 class PrivateRedis:

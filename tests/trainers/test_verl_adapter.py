@@ -17,8 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,14 +27,13 @@ import pytest
 verl = pytest.importorskip("verl")
 torch = pytest.importorskip("torch")
 
-import uvicorn  # noqa: E402
 
 from drcredit.client import DrCreditClient  # noqa: E402
 from drcredit.trainers import verl as adapter  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
 from drcredit_api.app import create_app  # noqa: E402
 from tests.support.api import settings_for  # noqa: E402
-from tests.support.judge_server import free_port  # noqa: E402
+from tests.support.live import serving  # noqa: E402
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "group.json").read_text())
 RESPONSE_LENGTH = 160
@@ -49,21 +46,8 @@ RESPONSE_LENGTH = 160
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The real app (offline judge, SQLite) on a free port; yields its base URL."""
     database = tmp_path_factory.mktemp("drcredit") / "drcredit.sqlite3"
-    app = create_app(settings_for(f"sqlite:///{database}", None))
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the DrCredit service did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with serving(create_app(settings_for(f"sqlite:///{database}", None))) as url:
+        yield url
 
 
 @pytest.fixture
