@@ -245,7 +245,7 @@ def test_streaming_rollouts_are_judged_on_arrival(tmp_path: Path, pg_url: str, m
 def test_redis_restart_mid_batch(tmp_path: Path, pg_url: str) -> None:
     groups = [marker_group(seed, f"rr{seed}", rollouts=4, max_turns=8) for seed in range(20, 25)]
     with running_judge(slow_marker(0.1)) as judge, private_redis() as broker:
-        workers = Workers(worker_env(pg_url, broker.url, judge.url), tmp_path)
+        workers = Workers(worker_env(pg_url, broker.url, judge.url), tmp_path, supervise=True)
         try:
             workers.start("visit_judge", 6)
             workers.start("snippet_matcher,credit_aggregator", 4)
@@ -268,7 +268,7 @@ def test_postgres_restart_mid_batch(tmp_path: Path) -> None:
     groups = [marker_group(seed, f"pr{seed}", rollouts=4, max_turns=8) for seed in range(30, 35)]
     with running_judge(slow_marker(0.1)) as judge, private_postgres() as pg, redis_db() as broker:
         upgrade(pg.url)
-        workers = Workers(worker_env(pg.url, broker, judge.url), tmp_path)
+        workers = Workers(worker_env(pg.url, broker, judge.url), tmp_path, supervise=True)
         try:
             workers.start("visit_judge", 6)
             workers.start("snippet_matcher,credit_aggregator", 4)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -167,14 +168,24 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 
 
 class Workers:
-    """``drcredit worker`` subprocesses with a shared environment."""
+    """``drcredit worker`` subprocesses with a shared environment.
 
-    def __init__(self, env: dict[str, str], logdir: Path):
+    With ``supervise`` a worker that exits on its own is started again, as the restart
+    policy of docker compose or a Kubernetes Deployment does: Celery ends a worker whose
+    broker connection fails in a way it cannot recover from, and relies on that.
+    """
+
+    def __init__(self, env: dict[str, str], logdir: Path, *, supervise: bool = False):
         self.env = env
         self.logdir = logdir
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.restarts = 0
+        self._specs: dict[int, tuple[str, int]] = {}
+        self._stopping = threading.Event()
+        if supervise:
+            threading.Thread(target=self._supervise, daemon=True).start()
 
-    def start(self, queues: str, concurrency: int = 4) -> subprocess.Popen[bytes]:
+    def start(self, queues: str, concurrency: int = 4, *, wait: bool = True) -> subprocess.Popen[bytes]:
         log = open(self.logdir / f"worker-{queues}-{len(self.processes)}.log", "wb")  # noqa: SIM115
         cli = [
             sys.executable,
@@ -188,8 +199,19 @@ class Workers:
         ]
         process = subprocess.Popen(cli, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.processes.append(process)
-        self._wait_ready(Path(log.name), process)
+        self._specs[process.pid] = (queues, concurrency)
+        if wait:
+            self._wait_ready(Path(log.name), process)
         return process
+
+    def _supervise(self) -> None:
+        while not self._stopping.wait(0.5):
+            for process in list(self.processes):
+                spec = self._specs.get(process.pid)
+                if spec is not None and process.poll() is not None and not self._stopping.is_set():
+                    del self._specs[process.pid]
+                    self.restarts += 1
+                    self.start(*spec, wait=False)
 
     def _wait_ready(self, log: Path, process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + 60
@@ -199,6 +221,7 @@ class Workers:
             time.sleep(0.1)
 
     def stop_all(self) -> None:
+        self._stopping.set()
         for process in self.processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGKILL)

@@ -2,7 +2,8 @@
 
 Runs only where trl is installed (the project's own test run skips it):
 
-    scripts/test sets up .venv-trainers and runs it; by hand: .venv-trainers/bin/python -m pytest tests/trainers/test_trl_adapter.py
+    scripts/test sets up .venv-trainers and runs it; by hand:
+    .venv-trainers/bin/python -m pytest tests/trainers/test_trl_adapter.py
 
 The trainer is a real ``DrCreditGRPOTrainer`` (a ``trl.GRPOTrainer``) around a randomly
 initialised tiny Llama and a byte-level tokenizer built here (nothing is downloaded). The

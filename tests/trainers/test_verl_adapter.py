@@ -2,7 +2,8 @@
 
 Runs only where verl is installed (the project's own test run skips it):
 
-    scripts/test sets up .venv-trainers and runs it; by hand: .venv-trainers/bin/python -m pytest tests/trainers/test_verl_adapter.py
+    scripts/test sets up .venv-trainers and runs it; by hand:
+    .venv-trainers/bin/python -m pytest tests/trainers/test_verl_adapter.py
 
 The service is the real app (embedded SQLite, offline judge) served by uvicorn on a free
 port; batches are VeRL's own ``DataProto``; the estimator is reached through VeRL's registry

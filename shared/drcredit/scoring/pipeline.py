@@ -1048,10 +1048,6 @@ class Pipeline:
 
     # ================================================================== helpers
 
-    def _group_active(self, group_pk: int) -> bool:
-        with self.db.session() as s:
-            return s.scalar(select(m.Group.status).where(m.Group.id == group_pk)) in ("queued", "running")
-
     def content(self, group_pk: int, rollouts_received: int | None = None) -> GroupContent:
         """The group's validated content, cached per (group, rollouts received)."""
         if rollouts_received is not None:
