@@ -16,7 +16,6 @@ agent (TRL's supported hook for custom rollouts); rewards, reference/old log-pro
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,51 +29,18 @@ from drcredit.client import DrCreditClient  # noqa: E402
 from drcredit.trainers import trl as adapter  # noqa: E402
 from drcredit.trainers.scoring import DrCreditSettings, make_turn_record  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
-from drcredit_api.app import create_app  # noqa: E402
-from tests.support.api import settings_for  # noqa: E402
-from tests.support.live import serving  # noqa: E402
+from tests.trainers.tiny import byte_tokenizer  # noqa: E402
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "group.json").read_text())
 NUM_GENERATIONS = 4
-SPECIAL = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-]
 CHAT_TEMPLATE = (
     "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
 )
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    database = tmp_path_factory.mktemp("drcredit") / "drcredit.sqlite3"
-    with serving(create_app(settings_for(f"sqlite:///{database}", None))) as url:
-        yield url
-
-
 def tiny_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {token: i for i, token in enumerate(SPECIAL + sorted(alphabet))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL[1:],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return byte_tokenizer(CHAT_TEMPLATE)
 
 
 def tiny_model(vocab_size: int) -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,23 +31,13 @@ torch = pytest.importorskip("torch")
 from drcredit.client import DrCreditClient  # noqa: E402
 from drcredit.trainers import verl as adapter  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
-from drcredit_api.app import create_app  # noqa: E402
-from tests.support.api import settings_for  # noqa: E402
-from tests.support.live import serving  # noqa: E402
+from tests.trainers.tiny import byte_tokenizer  # noqa: E402
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "group.json").read_text())
 RESPONSE_LENGTH = 160
 
 
 # ----------------------------------------------------------------------------- the service
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The real app (offline judge, SQLite) on a free port; yields its base URL."""
-    database = tmp_path_factory.mktemp("drcredit") / "drcredit.sqlite3"
-    with serving(create_app(settings_for(f"sqlite:///{database}", None))) as url:
-        yield url
 
 
 @pytest.fixture
@@ -345,35 +334,10 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
 )
-SPECIAL = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-]
 
 
 def tiny_tokenizer() -> Any:
-    """A byte-level tokenizer with ChatML and Hermes tool-call tokens, built here (no download)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {token: i for i, token in enumerate(SPECIAL + sorted(alphabet))}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=SPECIAL[1:],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return byte_tokenizer(CHAT_TEMPLATE)
 
 
 def function_tools() -> list[Any]:
