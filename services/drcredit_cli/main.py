@@ -107,7 +107,7 @@ def score(
             if row.status != "done":
                 _fail(f"group {row.group_id} {row.status}: {row.error}")
             document = documents.advantages_document(row)
-            progress = documents.progress(s, row.id)
+            progress = documents.progress(s, row)
     finally:
         runtime.close()
         if tmp is not None:
@@ -133,7 +133,7 @@ def _follow(runtime: Runtime, group_id: str) -> None:
         while True:
             with runtime.db.session() as s:
                 row = documents.find_group(s, "public", group_id)
-                p = documents.progress(s, row.id)
+                p = documents.progress(s, row)
                 status = row.status
             bar.update(task, total=max(p["judgments_total"], 1), completed=p["judgments_done"])
             if status in ("done", "failed"):

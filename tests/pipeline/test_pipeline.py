@@ -43,7 +43,7 @@ def score(rt: Runtime, g: GroupIn, timeout: float = 30) -> dict[str, Any]:
                 return {
                     "advantages": documents.advantages_document(row),
                     "credits": documents.credits_document(s, row),
-                    "progress": documents.progress(s, row.id),
+                    "progress": documents.progress(s, row),
                 }
         assert time.monotonic() < deadline, "group did not finish"
 

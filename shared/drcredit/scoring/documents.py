@@ -33,30 +33,21 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
-def progress(s: Session, group_pk: int) -> dict[str, int]:
+def progress(s: Session, group: m.Group) -> dict[str, int]:
     """Judgment counts: total excludes deterministic zeros, done includes skipped calls."""
     counts = dict(
         s.execute(
-            select(m.Judgment.status, func.count()).where(m.Judgment.group_pk == group_pk).group_by(m.Judgment.status)
+            select(m.Judgment.status, func.count()).where(m.Judgment.group_pk == group.id).group_by(m.Judgment.status)
         ).all()
     )
     calls, hits = s.execute(
         select(func.count(), func.coalesce(func.sum(m.Judgment.cache_hit.cast(Integer)), 0)).where(
-            m.Judgment.group_pk == group_pk, m.Judgment.status.in_(("ok", "failed"))
+            m.Judgment.group_pk == group.id, m.Judgment.status.in_(("ok", "failed"))
         )
     ).one()
-    planned = (
-        s.scalar(
-            select(func.count())
-            .select_from(m.WorkUnit)
-            .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "snippet")
-        )
-        or 0
-    )
-    chain_visits = _planned_visit_judgments(s, group_pk)
     done = counts.get("ok", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
     return {
-        "judgments_total": chain_visits + planned,
+        "judgments_total": group.judgments_planned,
         "judgments_done": done,
         "judgments_failed": counts.get("failed", 0),
         "judge_calls": int(calls) - int(hits),
@@ -64,27 +55,6 @@ def progress(s: Session, group_pk: int) -> dict[str, int]:
         "deterministic_zeros": counts.get("deterministic", 0),
         "snippet_calls_skipped": counts.get("skipped", 0),
     }
-
-
-def _planned_visit_judgments(s: Session, group_pk: int) -> int:
-    # A chain's length is the number of its rollout's visit turns with a usable page;
-    # deterministic zeros are stored per rubric, so chains x visits minus them is exact.
-    rows = s.execute(
-        select(m.Turn.body, m.Rollout.rollout_id)
-        .join(m.Rollout, m.Turn.rollout_pk == m.Rollout.id)
-        .where(m.Rollout.group_pk == group_pk, m.Turn.type == "visit")
-    ).all()
-    usable: dict[str, int] = {}
-    for body, rollout_id in rows:
-        pages = body.get("pages") or []
-        if any(not p.get("error") and (p.get("evidence") or "").strip() for p in pages):
-            usable[rollout_id] = usable.get(rollout_id, 0) + 1
-    chains = s.execute(
-        select(m.WorkUnit.rollout_id, func.count())
-        .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.kind == "visit_chain")
-        .group_by(m.WorkUnit.rollout_id)
-    ).all()
-    return sum(usable.get(rollout_id, 0) * n for rollout_id, n in chains)
 
 
 def status_document(s: Session, group: m.Group) -> dict[str, Any]:
@@ -95,7 +65,7 @@ def status_document(s: Session, group: m.Group) -> dict[str, Any]:
         "error": group.error,
         "expected_rollouts": group.expected_rollouts,
         "rollouts_received": group.rollouts_received,
-        "progress": progress(s, group.id),
+        "progress": progress(s, group),
         "judge": {"backend": group.judge_backend, "model": group.judge_model},
         "metadata": group.metadata_,
         "created_at": _iso(group.created_at),

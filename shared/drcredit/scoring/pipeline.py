@@ -250,6 +250,7 @@ class Pipeline:
             judge_model=self.judge.model,
             units_total=0,
             units_done=0,
+            judgments_planned=0,
             aggregation="pending",
         )
         s.add(row)
@@ -386,6 +387,7 @@ class Pipeline:
                 done += 1
         group.units_total += units
         group.units_done += done
+        group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
         group.rollouts_received += 1
 
     def sweep(self, stale_after_s: float) -> int:

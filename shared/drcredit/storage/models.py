@@ -88,6 +88,8 @@ class Group(Base):
     error: Mapped[str | None] = mapped_column(Text)
     judge_backend: Mapped[str] = mapped_column(String(32))
     judge_model: Mapped[str] = mapped_column(String(256))
+    #: Judge calls the group may need: judged visits x positive rubrics + snippet tasks.
+    judgments_planned: Mapped[int] = mapped_column(Integer, default=0)
     units_total: Mapped[int] = mapped_column(Integer, default=0)
     units_done: Mapped[int] = mapped_column(Integer, default=0)
     #: pending -> enqueued -> done; the conditional flip to enqueued makes the last

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-22 02:22:06.060321
+Create Date: 2026-11-22 03:25:08.690501
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def upgrade() -> None:
     sa.Column('error', sa.Text(), nullable=True),
     sa.Column('judge_backend', sa.String(length=32), nullable=False),
     sa.Column('judge_model', sa.String(length=256), nullable=False),
+    sa.Column('judgments_planned', sa.Integer(), nullable=False),
     sa.Column('units_total', sa.Integer(), nullable=False),
     sa.Column('units_done', sa.Integer(), nullable=False),
     sa.Column('aggregation', sa.String(length=16), nullable=False),
