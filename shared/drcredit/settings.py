@@ -20,7 +20,8 @@ class Settings(BaseSettings):
     # Judge -----------------------------------------------------------------
     judge: Literal["offline", "openai"] = "offline"
     judge_base_url: str | None = None
-    judge_model: str = "offline-lexical-v1"
+    #: Required for ``openai`` (the served model's name); the offline backend names itself.
+    judge_model: str | None = None
     judge_api_key: str | None = None
     judge_timeout_s: float = Field(120.0, gt=0)
     judge_max_tokens: int = Field(1024, gt=0)
@@ -66,8 +67,8 @@ class Settings(BaseSettings):
 
     @field_validator("judge_model")
     @classmethod
-    def _model_not_blank(cls, value: str) -> str:
-        if not value.strip():
+    def _model_not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
             raise ValueError("judge_model must not be blank")
         return value
 

@@ -187,3 +187,12 @@ def test_snippet_matches_are_validated() -> None:
     assert result.status == "ok" and result.verdict is not None
     assert [m.rubric_id for m in result.verdict.accepted] == ["R1"]
     assert result.verdict.rejected[0].reason == "evidence_quote is not a substring of result S1's snippet"
+
+
+def test_openai_backend_needs_a_model_name() -> None:
+    from drcredit.judges import build_judge
+    from drcredit.settings import Settings
+
+    with pytest.raises(ValueError, match="DRCREDIT_JUDGE_MODEL"):
+        build_judge(Settings(judge="openai", judge_base_url="http://127.0.0.1:9/v1"))
+    assert build_judge(Settings(judge="offline")).model == "offline-lexical-v1"

@@ -14,6 +14,8 @@ def build_judge(settings: Settings) -> Judge:
         return OfflineJudge()
     from drcredit.judges.openai_judge import OpenAIJudge
 
+    if not settings.judge_model:
+        raise ValueError("DRCREDIT_JUDGE=openai needs DRCREDIT_JUDGE_MODEL (the model name the endpoint serves)")
     return OpenAIJudge(
         base_url=settings.judge_base_url,
         model=settings.judge_model,
