@@ -50,40 +50,17 @@ from drcredit.client import (
 from drcredit.domain.group import GroupIn
 from drcredit_api.app import create_app
 from tests.support.api import settings_for
-from tests.support.builders import answer, group_doc, page, rollout, rubric, search, tool, visit
+from tests.support.builders import answer, group_doc, page, rollout, visit
 from tests.support.judge_server import JudgeServer, Reply, running_judge
 from tests.support.live import free_port, serving
+from tests.support.scenarios import CREDITS, RUBRICS, hand_worked_group, rollout_a, rollout_b
 
-RUBRICS = [rubric("R1", weight=2.0), rubric("R2", kind="logical"), rubric("P", weight=-1.0)]
-#: Hand-worked in tests/api/test_api.py (marker judge, default params).
-CREDITS: dict[str, list[float | None]] = {"a": [0.8, 0.7, 0.0, None], "b": [0.7, 0.2, 0.0]}
 ID = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
 FAST = {"max_attempts": 3, "backoff_initial": 0.01, "backoff_max": 0.02}
 
 
-def rollout_a() -> dict[str, Any]:
-    return rollout(
-        "a",
-        search(("S1", "https://u1.org/p"), ("S2", "https://n1.org/p", "It is [R2] true.")),
-        visit(page("W1", "https://u1.org/p", "[R1:2:f1] text [R2:1:g1]")),
-        visit(page("W2", "https://u2.org/p", "again [R1:2:f1]")),
-        answer(),
-        reward=1.0,
-    )
-
-
-def rollout_b() -> dict[str, Any]:
-    return rollout(
-        "b",
-        visit(page("W1", "https://www.u1.org/p/", "[R1:2:f1] text [R2:1:g1]")),
-        search(("S1", "https://u1.org/p"), ("S2", "https://n2.org/p", "[R1] and [R2]")),
-        tool(),
-        reward=0.0,
-    )
-
-
 def small_group(**extra: Any) -> dict[str, Any]:
-    return group_doc(rollout_a(), rollout_b(), rubrics=RUBRICS, **extra)
+    return hand_worked_group(**extra)
 
 
 def credits_of(doc: dict[str, Any]) -> dict[str, list[float | None]]:
