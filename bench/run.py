@@ -279,6 +279,7 @@ class StepRun:
     cpu_platform_s: float
     cpu_judge_s: float
     peak_rss_mb: dict[str, float]
+    cpu_by_process_s: dict[str, float] = field(default_factory=dict)
 
 
 def run_step(
@@ -291,7 +292,8 @@ def run_step(
     fetch_credits: bool = True,
 ) -> StepRun:
     httpx.post(f"{judge}/reset")
-    cpu0 = sum(cpu_seconds(p.pid) for p in measured) + postgres_cpu()
+    per0 = {f"{p.name}#{i}": cpu_seconds(p.pid) for i, p in enumerate(measured)}
+    pg0 = postgres_cpu()
     judge_cpu0 = cpu_seconds(judge_proc.pid)
     batch_id = f"bench-{uuid.uuid4().hex[:8]}"
     with httpx.Client(timeout=600) as client:
@@ -304,7 +306,9 @@ def run_step(
             if r.status_code == 200:
                 break
         wall = time.perf_counter() - started
-        cpu = sum(cpu_seconds(p.pid) for p in measured) + postgres_cpu() - cpu0
+        per = {f"{p.name}#{i}": cpu_seconds(p.pid) - per0[f"{p.name}#{i}"] for i, p in enumerate(measured)}
+        per["postgres"] = postgres_cpu() - pg0
+        cpu = sum(per.values())
         judge_cpu = cpu_seconds(judge_proc.pid) - judge_cpu0
         docs = {g["group_id"]: g for g in r.json()["groups"]}
         credits = {}
@@ -312,7 +316,9 @@ def run_step(
             for gid in docs:
                 credits[gid] = client.get(f"{api}/v1/groups/{gid}/credits").json()
     stats = httpx.get(f"{judge}/stats").json()
-    return StepRun(wall, ingest, docs, credits, stats, cpu, judge_cpu, {p.name: peak_rss_mb(p.pid) for p in measured})
+    return StepRun(
+        wall, ingest, docs, credits, stats, cpu, judge_cpu, {p.name: peak_rss_mb(p.pid) for p in measured}, per
+    )
 
 
 # ----------------------------------------------------------------------------- sections
@@ -441,6 +447,9 @@ def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
             "calls_per_s_per_worker": calls / run.wall_s / workers,
             "platform_cpu_ms_per_call": 1000 * run.cpu_platform_s / calls,
             "judge_sim_cpu_ms_per_call": 1000 * run.cpu_judge_s / calls,
+            "platform_cpu_ms_per_call_by_process": {
+                name: 1000 * cpu / calls for name, cpu in run.cpu_by_process_s.items()
+            },
         }
     results["dispatch"] = out
 
@@ -526,7 +535,8 @@ def table(results: dict[str, Any]) -> str:
             lines.append(
                 f"dispatch ({key}): {d['judge_calls']} calls in {d['wall_s']:.2f} s = {d['calls_per_s']:.0f} calls/s"
                 f" ({d['calls_per_s_per_worker']:.0f}/worker); platform CPU {d['platform_cpu_ms_per_call']:.2f} ms/call,"
-                f" judge sim {d['judge_sim_cpu_ms_per_call']:.2f} ms/call"
+                f" judge sim {d['judge_sim_cpu_ms_per_call']:.2f} ms/call\n    by process (ms/call): "
+                + ", ".join(f"{k} {v:.2f}" for k, v in d["platform_cpu_ms_per_call_by_process"].items())
             )
     if "streaming" in results:
         st = results["streaming"]

@@ -1,4 +1,4 @@
-"""The snippet task: match a search turn's unvisited snippets against the rubrics."""
+"""The snippet task: match search turns' unvisited snippets against the rubrics."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import Any
 from celery import shared_task
 
 from drcredit.broker.queues import MATCH_SNIPPETS, SNIPPET_MATCHER
-from drcredit.broker.worker import run_unit_task
-from drcredit.scoring.dispatch import UnitRef
+from drcredit.broker.worker import run_units_task, unit_refs
 
 
 @shared_task(name=MATCH_SNIPPETS, bind=True, max_retries=40)
-def match_snippets(self: Any, unit_id: int, group_pk: int) -> str:
-    return run_unit_task(self, UnitRef("snippet", unit_id, group_pk), SNIPPET_MATCHER)
+def match_snippets(self: Any, unit_ids: int | list[int], group_pk: int, rollout_id: str = "") -> list[str]:
+    return run_units_task(self, unit_refs("snippet", unit_ids, group_pk, rollout_id), SNIPPET_MATCHER)

@@ -1,4 +1,4 @@
-"""The visit-chain task: one per (rollout, positive rubric), judging its visits in order."""
+"""The visit-chain task: the (rollout, positive rubric) chains of one rollout, each judging its visits in order."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from typing import Any
 from celery import shared_task
 
 from drcredit.broker.queues import RUN_VISIT_CHAIN, VISIT_JUDGE
-from drcredit.broker.worker import run_unit_task
-from drcredit.scoring.dispatch import UnitRef
+from drcredit.broker.worker import run_units_task, unit_refs
 
 
 @shared_task(name=RUN_VISIT_CHAIN, bind=True, max_retries=40)
-def run_chain(self: Any, unit_id: int, group_pk: int) -> str:
-    """Continue the chain from its last stored judgment; commit each before the next call."""
-    return run_unit_task(self, UnitRef("visit_chain", unit_id, group_pk), VISIT_JUDGE)
+def run_chain(self: Any, unit_ids: int | list[int], group_pk: int, rollout_id: str = "") -> list[str]:
+    """Continue each chain from its last stored judgment; store each judgment before the next call."""
+    return run_units_task(self, unit_refs("visit_chain", unit_ids, group_pk, rollout_id), VISIT_JUDGE)

@@ -37,9 +37,12 @@ class Settings(BaseSettings):
     # Storage and execution -------------------------------------------------
     data_dir: Path = Path(".drcredit")
     database_url: str | None = None
-    #: Connections per process (plus as many overflow); capped by the concurrency + 2.
+    #: Connections per process (plus as many overflow); capped by the database threads + 4.
     #: Keep processes x 2 x this under the server's max_connections.
     database_pool_size: int = Field(10, ge=1)
+    #: Threads of a process's engine that run database transactions for its units (the
+    #: units themselves are coroutines and hold no thread while the judge works).
+    database_threads: int = Field(6, ge=1, le=64)
     broker_url: str | None = None
     #: Apply migrations at start-up; unset means only for the embedded SQLite database
     #: (deployments run ``drcredit db upgrade`` once, from a migration job).

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from celery import Celery
 
 from drcredit.broker.queues import AGGREGATE_GROUP, MATCH_SNIPPETS, RUN_VISIT_CHAIN, TASK_QUEUES
-from drcredit.scoring.dispatch import UnitRef
+from drcredit.scoring.dispatch import UnitRef, unit_batches
 
 log = logging.getLogger("drcredit.broker")
 
@@ -24,14 +25,15 @@ class CeleryDispatcher:
         self.app = app
 
     def dispatch(self, units: Sequence[UnitRef]) -> None:
-        for unit in units:
-            name = RUN_VISIT_CHAIN if unit.kind == "visit_chain" else MATCH_SNIPPETS
-            self._send(name, unit.unit_id, unit.group_pk)
+        for batch in unit_batches(units):
+            first = batch[0]
+            name = RUN_VISIT_CHAIN if first.kind == "visit_chain" else MATCH_SNIPPETS
+            self._send(name, [u.unit_id for u in batch], first.group_pk, first.rollout_id)
 
     def dispatch_aggregation(self, group_pk: int) -> None:
         self._send(AGGREGATE_GROUP, group_pk)
 
-    def _send(self, name: str, *args: int) -> None:
+    def _send(self, name: str, *args: Any) -> None:
         try:
             self.app.send_task(
                 name,

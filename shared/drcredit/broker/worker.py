@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from drcredit import metrics
 from drcredit.broker.app import create_celery
 from drcredit.broker.dispatch import CeleryDispatcher
-from drcredit.scoring.dispatch import UnitRef
+from drcredit.scoring.dispatch import UnitKind, UnitRef
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
 
@@ -117,27 +117,35 @@ class Sweeper(threading.Thread):
 TRANSIENT_DB_ERRORS = (OperationalError,)
 
 
-def run_unit_task(task: Any, ref: UnitRef, queue: str) -> str:
-    """The body shared by the visit and snippet tasks."""
+def unit_refs(kind: UnitKind, unit_ids: int | list[int], group_pk: int, rollout_id: str) -> list[UnitRef]:
+    """The units a message names (one id in messages from before batching)."""
+    ids = [unit_ids] if isinstance(unit_ids, int) else unit_ids
+    return [UnitRef(kind, unit_id, group_pk, rollout_id) for unit_id in ids]
+
+
+def run_units_task(task: Any, refs: list[UnitRef], queue: str) -> list[str]:
+    """The body shared by the visit and snippet tasks: run the message's units together.
+
+    The task's thread only waits; the units run as coroutines on the process's engine.
+    """
     runtime = current_runtime()
-    structlog.contextvars.bind_contextvars(group_pk=ref.group_pk, unit_id=ref.unit_id, unit_kind=ref.kind)
     try:
-        outcome = runtime.pipeline.run_unit(ref)
+        outcomes = runtime.pipeline.run_units(refs)
     except DBAPIError as exc:
         if not (exc.connection_invalidated or isinstance(exc, TRANSIENT_DB_ERRORS)):
             metrics.TASKS.labels(queue, "error").inc()
             raise
         metrics.TASKS.labels(queue, "retry").inc()
         countdown = min(2**task.request.retries, 30)
-        log.warning("database unavailable; retrying unit %s in %ss", ref.unit_id, countdown)
+        log.warning("database unavailable; retrying units %s in %ss", [r.unit_id for r in refs], countdown)
         raise task.retry(exc=exc, countdown=countdown, max_retries=40) from exc
-    finally:
-        structlog.contextvars.clear_contextvars()
-    if outcome == "stopped":
-        # Shutting down mid-chain: the unit was handed back; queue it again now.
-        runtime.dispatcher.dispatch([ref])
-    metrics.TASKS.labels(queue, outcome).inc()
-    return outcome
+    stopped = [ref for ref, outcome in zip(refs, outcomes, strict=True) if outcome == "stopped"]
+    if stopped:
+        # Shutting down mid-chain: the units were handed back; queue them again now.
+        runtime.dispatcher.dispatch(stopped)
+    for outcome in outcomes:
+        metrics.TASKS.labels(queue, outcome).inc()
+    return list(outcomes)
 
 
 def run_aggregation_task(task: Any, group_pk: int, queue: str) -> str:

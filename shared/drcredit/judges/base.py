@@ -1,21 +1,35 @@
 """The judge interface and the retry/validation loop every backend shares.
 
-A backend only turns a prompt into text (:meth:`Judge.complete`); parsing, SPEC
+A backend only turns a prompt into text (:meth:`Judge.acomplete`); parsing, SPEC
 validation, retries with backoff and the per-attempt record live here, so the offline
 and OpenAI-compatible backends fail, retry and report in exactly the same way.
+
+The loop is asynchronous: a worker keeps hundreds of judgments in flight on one event
+loop, and a judgment waiting on the model costs no thread. The synchronous
+``judge_visit``/``judge_snippets`` run the same loop to completion for callers without
+one (tests, one-off scripts).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import random
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
 
 from drcredit.domain.group import Rubric, SearchResult, VisitTurn
 from drcredit.domain.verdicts import (
@@ -143,7 +157,7 @@ class RetryPolicy:
 
 
 class Judge(ABC):
-    """A judge backend; subclasses implement :meth:`complete` only."""
+    """A judge backend; subclasses implement :meth:`acomplete` only."""
 
     backend: str = "abstract"
 
@@ -152,11 +166,14 @@ class Judge(ABC):
         self.retry = retry or RetryPolicy()
 
     @abstractmethod
-    def complete(self, prompt: Prompt) -> Completion:
+    async def acomplete(self, prompt: Prompt) -> Completion:
         """Send one prompt once; raise :class:`RetryableError` or :class:`FatalJudgeError`."""
 
+    async def aclose(self) -> None:  # noqa: B027 - a concrete default, not an abstract hook
+        """Release the connections held for the running event loop; the default holds none."""
+
     def close(self) -> None:  # noqa: B027 - a concrete default, not an abstract hook
-        """Release connections; the default holds none."""
+        """Release every connection; the default holds none."""
 
     # ------------------------------------------------------------------ requests
 
@@ -166,27 +183,46 @@ class Judge(ABC):
     def snippet_prompt(self, request: SnippetJudgeRequest) -> Prompt:
         return prompts.snippet_prompt(request)
 
-    def judge_visit(self, request: VisitJudgeRequest) -> JudgeResult[VisitVerdict]:
+    async def ajudge_visit(self, request: VisitJudgeRequest, prompt: Prompt | None = None) -> JudgeResult[VisitVerdict]:
         usable = request.usable_page_ids
-        return self._run(self.visit_prompt(request), lambda answer: validate_visit_answer(answer, usable))
+        return await self._arun(
+            prompt or self.visit_prompt(request), lambda answer: validate_visit_answer(answer, usable)
+        )
 
-    def judge_snippets(self, request: SnippetJudgeRequest) -> JudgeResult[SnippetVerdict]:
+    async def ajudge_snippets(
+        self, request: SnippetJudgeRequest, prompt: Prompt | None = None
+    ) -> JudgeResult[SnippetVerdict]:
         rubric_ids = [r.id for r in request.rubrics]
         snippets = {r.id: r.snippet for r in request.results}
-        return self._run(
-            self.snippet_prompt(request), lambda answer: accept_snippet_matches(answer, rubric_ids, snippets)
+        return await self._arun(
+            prompt or self.snippet_prompt(request), lambda answer: accept_snippet_matches(answer, rubric_ids, snippets)
         )
+
+    def judge_visit(self, request: VisitJudgeRequest) -> JudgeResult[VisitVerdict]:
+        return self._run_to_completion(self.ajudge_visit(request))
+
+    def judge_snippets(self, request: SnippetJudgeRequest) -> JudgeResult[SnippetVerdict]:
+        return self._run_to_completion(self.ajudge_snippets(request))
+
+    def _run_to_completion(self, judgment: Awaitable[JudgeResult[V]]) -> JudgeResult[V]:
+        async def run() -> JudgeResult[V]:
+            try:
+                return await judgment
+            finally:
+                await self.aclose()
+
+        return asyncio.run(run())
 
     # ------------------------------------------------------------------ the loop
 
-    def _run(self, prompt: Prompt, validate: Callable[[Any], V]) -> JudgeResult[V]:
+    async def _arun(self, prompt: Prompt, validate: Callable[[Any], V]) -> JudgeResult[V]:
         result: JudgeResult[V] = JudgeResult(prompt.kind, "failed", self.model, self.backend, None)
 
-        def one_attempt() -> tuple[Any, V]:
+        async def one_attempt() -> tuple[Any, V]:
             number = len(result.attempts) + 1
             started = time.perf_counter()
             try:
-                completion = self.complete(prompt)
+                completion = await self.acomplete(prompt)
             except RetryableError as exc:
                 result.attempts.append(Attempt(number, exc.outcome, time.perf_counter() - started, error=str(exc)))
                 raise
@@ -211,25 +247,49 @@ class Judge(ABC):
                 raise RetryableError("invalid", str(exc)) from exc
             return answer, verdict
 
-        retrying = Retrying(
-            stop=stop_after_attempt(max(1, self.retry.max_attempts)),
+        # The first attempt runs directly: tenacity's machinery costs more CPU than the
+        # rest of a successful judgment's bookkeeping, and is only needed for a retry.
+        try:
+            answer, verdict = await one_attempt()
+        except RetryableError:
+            if self.retry.max_attempts <= 1:
+                return self._failed(result)
+        except FatalJudgeError as exc:
+            result.failure_reason = f"fatal: {exc}"
+            return result
+        else:
+            result.status, result.answer, result.verdict = "ok", answer, verdict
+            return result
+        await asyncio.sleep(self._first_backoff())
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retry.max_attempts - 1),
             # Exponential backoff with up to one initial interval of jitter, so retries
-            # from many chains do not hit a recovering server in lockstep.
-            wait=wait_exponential(multiplier=self.retry.backoff_initial_s, max=self.retry.backoff_max_s)
+            # from many chains do not hit a recovering server in lockstep; this loop's
+            # first wait follows the second attempt, so it starts at twice the initial.
+            wait=wait_exponential(multiplier=2 * self.retry.backoff_initial_s, max=self.retry.backoff_max_s)
             + wait_random(0, self.retry.backoff_initial_s),
             retry=retry_if_exception(lambda e: isinstance(e, RetryableError)),
             reraise=False,
         )
         try:
-            answer, verdict = retrying(one_attempt)
+            answer, verdict = await retrying(one_attempt)
         except RetryError:
-            last = result.attempts[-1]
-            result.failure_reason = f"{last.outcome} after {len(result.attempts)} attempts: {last.error}"
-            return result
+            return self._failed(result)
         except FatalJudgeError as exc:
             result.failure_reason = f"fatal: {exc}"
             return result
         result.status, result.answer, result.verdict = "ok", answer, verdict
+        return result
+
+    def _first_backoff(self) -> float:
+        """The wait before the first retry: the policy's initial interval plus its jitter."""
+        initial = self.retry.backoff_initial_s
+        return min(initial, self.retry.backoff_max_s) + random.uniform(0, initial)
+
+    @staticmethod
+    def _failed(result: JudgeResult[V]) -> JudgeResult[V]:
+        last = result.attempts[-1]
+        result.failure_reason = f"{last.outcome} after {len(result.attempts)} attempts: {last.error}"
         return result
 
 

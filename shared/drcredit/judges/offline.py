@@ -121,7 +121,7 @@ class OfflineJudge(Judge):
     def __init__(self, model: str = "offline-lexical-v1", retry: RetryPolicy | None = None):
         super().__init__(model, retry or RetryPolicy(max_attempts=1))
 
-    def complete(self, prompt: Prompt) -> Completion:
+    async def acomplete(self, prompt: Prompt) -> Completion:
         document = json.loads(prompt.user)
         answer = self._visit(document) if prompt.kind == "visit" else self._snippets(document)
         text = json.dumps(answer)

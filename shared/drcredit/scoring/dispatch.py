@@ -1,11 +1,11 @@
-"""Where work units run: a thread pool in this process, or (distributed) Celery queues."""
+"""Where work units run: the engine of this process, or (distributed) Celery queues."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -13,12 +13,31 @@ log = logging.getLogger(__name__)
 
 UnitKind = Literal["visit_chain", "snippet"]
 
+#: Units of one rollout sent together (one message, one claim transaction); bounded so
+#: that one message never holds a worker slot for a whole group.
+MAX_UNITS_PER_MESSAGE = 16
+
 
 @dataclass(frozen=True)
 class UnitRef:
     kind: UnitKind
     unit_id: int
     group_pk: int
+    rollout_id: str = ""
+
+
+def unit_batches(units: Sequence[UnitRef], size: int = MAX_UNITS_PER_MESSAGE) -> Iterator[list[UnitRef]]:
+    """Units grouped by (kind, group, rollout), in order, at most ``size`` per batch.
+
+    A rollout's chains share its content, plan and stored state, so running them from
+    one message costs one claim transaction and one message instead of one per chain.
+    """
+    grouped: dict[tuple[str, int, str], list[UnitRef]] = {}
+    for unit in units:
+        grouped.setdefault((unit.kind, unit.group_pk, unit.rollout_id), []).append(unit)
+    for refs in grouped.values():
+        for start in range(0, len(refs), size):
+            yield refs[start : start + size]
 
 
 class Dispatcher(Protocol):
@@ -28,50 +47,50 @@ class Dispatcher(Protocol):
 
 
 class InProcessDispatcher:
-    """Runs units on a bounded thread pool of this process (embedded mode).
+    """Runs units on this process's engine (embedded mode).
 
-    A chain waiting on the judge holds a thread, so the pool size is the number of judge
-    calls in flight; ``wait_idle`` lets the CLI and tests block until all work is done.
+    ``wait_idle`` lets the CLI and tests block until all work is done.
     """
 
-    def __init__(self, max_workers: int):
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="drcredit-unit")
+    def __init__(self) -> None:
         self._pending = 0
         self._closed = False
         self._idle = threading.Condition()
-        self.run_unit: Callable[[UnitRef], Any] | None = None
-        self.run_aggregation: Callable[[int], None] | None = None
+        self.submit_units: Callable[[Sequence[UnitRef]], Future[Any]] | None = None
+        self.submit_aggregation: Callable[[int], Future[Any]] | None = None
 
-    def bind(self, run_unit: Callable[[UnitRef], Any], run_aggregation: Callable[[int], None]) -> None:
-        self.run_unit, self.run_aggregation = run_unit, run_aggregation
+    def bind(
+        self,
+        submit_units: Callable[[Sequence[UnitRef]], Future[Any]],
+        submit_aggregation: Callable[[int], Future[Any]],
+    ) -> None:
+        self.submit_units, self.submit_aggregation = submit_units, submit_aggregation
 
     def dispatch(self, units: Sequence[UnitRef]) -> None:
-        for unit in units:
-            self._submit(self._call_unit, unit)
+        assert self.submit_units is not None, "dispatcher not bound"
+        for batch in unit_batches(units):
+            if self._admit(batch):
+                self._track(self.submit_units(batch))
 
     def dispatch_aggregation(self, group_pk: int) -> None:
-        self._submit(self._call_aggregation, group_pk)
+        assert self.submit_aggregation is not None, "dispatcher not bound"
+        if self._admit(group_pk):
+            self._track(self.submit_aggregation(group_pk))
 
-    def _call_unit(self, unit: UnitRef) -> None:
-        assert self.run_unit is not None, "dispatcher not bound"
-        self.run_unit(unit)
-
-    def _call_aggregation(self, group_pk: int) -> None:
-        assert self.run_aggregation is not None, "dispatcher not bound"
-        self.run_aggregation(group_pk)
-
-    def _submit(self, fn: Callable[..., None], arg: object) -> None:
+    def _admit(self, work: object) -> bool:
         with self._idle:
             if self._closed:
                 # Shutting down: the unit stays queued in the database and is resumed
                 # by the next start (Pipeline.resume).
-                log.debug("dispatcher closed; %s left for the next start", arg)
-                return
+                log.debug("dispatcher closed; %s left for the next start", work)
+                return False
             self._pending += 1
-        future: Future[None] = self._pool.submit(fn, arg)
+            return True
+
+    def _track(self, future: Future[Any]) -> None:
         future.add_done_callback(self._done)
 
-    def _done(self, future: Future[None]) -> None:
+    def _done(self, future: Future[Any]) -> None:
         exc = None if future.cancelled() else future.exception()
         if exc is not None:
             log.error("work unit crashed", exc_info=exc)
@@ -83,8 +102,9 @@ class InProcessDispatcher:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
-    def shutdown(self) -> None:
-        """Stop taking work, drop what has not started, wait for what is running."""
+    def shutdown(self, timeout: float = 60.0) -> None:
+        """Stop taking work and wait for what is running (it stops after its current call)."""
         with self._idle:
             self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if not self.wait_idle(timeout):
+            log.warning("units still running after %.0fs; they resume at the next start", timeout)

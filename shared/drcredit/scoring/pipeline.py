@@ -1,30 +1,32 @@
 """Ingest and judging of groups, one database-backed work unit at a time.
 
 A group becomes work units when its rollouts arrive: one visit chain per (rollout,
-positive rubric), one snippet call per search turn with eligible results. A unit reads
-what is already stored and continues from there, commits each judgment before the next
-judge call, and holds no transaction open while the judge thinks; completion is counted
-in the ``groups`` row and the unit that finishes last schedules the aggregation, once.
+positive rubric), one snippet call per search turn with eligible results. Units run as
+coroutines on the process's :class:`~drcredit.scoring.engine.Engine`. A unit reads what
+is already stored and continues from there, stores each judgment (batched with other
+chains' judgments in one transaction) before its next judge call, and holds no
+transaction open while the judge thinks; completion is counted in the ``groups`` row
+and the unit that finishes last schedules the aggregation, once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
 import socket
 import threading
-import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import structlog
-from sqlalchemy import CursorResult, delete, insert, select, update
+from sqlalchemy import CursorResult, delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -34,7 +36,6 @@ from drcredit.domain.batch import BatchIn
 from drcredit.domain.credit import (
     Judgments,
     RolloutPlan,
-    SnippetTask,
     group_credits,
     plan_rollout,
     snippet_decision,
@@ -52,8 +53,10 @@ from drcredit.domain.verdicts import (
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
 from drcredit.scoring.content import canonical_hash, content_of, group_hash, params_of, rollout_hash
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
+from drcredit.scoring.engine import BatchWriter, Engine
 from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.storage import models as m
+from drcredit.storage.bulk import JudgmentRow, renew_leases, store_judgments
 from drcredit.storage.database import Database
 
 log = logging.getLogger("drcredit.pipeline")
@@ -83,6 +86,47 @@ class Submitted:
     created: bool
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """A unit this delivery holds the lease of, and where it left off."""
+
+    unit_id: int
+    group_pk: int
+    rollout_id: str
+    rubric_id: str
+    turn_index: int
+    dedupe_turns: frozenset[int]
+    params: ScoringParams
+    rollouts_received: int
+    done: frozenset[int]
+    history: tuple[str, ...]
+    snippet_done: bool
+
+
+@dataclass(frozen=True)
+class _RolloutToStore:
+    """A rollout arriving in a group, with what ingest computed for it."""
+
+    position: int
+    rollout: Rollout
+    plan: RolloutPlan
+    signatures: dict[str, list[int]]
+    twins: set[int]
+
+
+@dataclass(frozen=True)
+class _Write:
+    """One write for the batch writer: a judgment (with the lease to renew) or, with
+    ``finish``, a unit to mark done."""
+
+    judgment: JudgmentRow | None = None
+    lease: tuple[int, str] | None = None
+    finish: tuple[int, int] | None = None
+    #: (group, rollout) whose waiting snippet calls this judgment may decide, with the
+    #: rollouts received and params of the chain that made it.
+    release: tuple[tuple[int, str], tuple[int, ScoringParams]] | None = None
+
+
 class Pipeline:
     """Ingest, unit execution and aggregation over one database and one judge."""
 
@@ -96,6 +140,8 @@ class Pipeline:
         lease_s: float = 120.0,
         worker_id: str | None = None,
         claims: bool = False,
+        judge_concurrency: int = 64,
+        db_threads: int = 6,
     ):
         self.db = db
         self.lease_s = lease_s
@@ -113,9 +159,13 @@ class Pipeline:
         self._load_locks: dict[int, threading.Lock] = {}
         #: Rollouts with no waiting snippet call left (units never return to waiting).
         self._no_waiting: set[tuple[int, str]] = set()
-        self._inflight: dict[tuple[int, str], Future[Any]] = {}
-        self._inflight_lock = threading.Lock()
+        self._plans: OrderedDict[tuple[int, int, str], RolloutPlan] = OrderedDict()
+        #: Judge requests in flight on the engine loop (only touched from that loop).
+        self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
         self._stopping = threading.Event()
+        self.engine = Engine(judge_concurrency, db_threads)
+        self.engine.on_close(judge.aclose)
+        self._writer: BatchWriter[_Write, StoreOutcome] = BatchWriter(self.engine, self._write_batch)
 
     def stop(self) -> None:
         """Ask running chains to return after their current judge call (resumable)."""
@@ -259,10 +309,15 @@ class Pipeline:
         plans = {r.id: plan_rollout(group, r, params) for r in group.rollouts}
         sigs = {r.id: signatures(r, plans[r.id]) for r in group.rollouts}
         twins = twin_turns(sigs)
-        for position_, rollout in enumerate(group.rollouts):
-            self._store_rollout(
-                s, row, group, rollout, position_, plans[rollout.id], sigs[rollout.id], twins[rollout.id]
-            )
+        self._store_rollouts(
+            s,
+            row,
+            group,
+            [
+                _RolloutToStore(position_, rollout, plans[rollout.id], sigs[rollout.id], twins[rollout.id])
+                for position_, rollout in enumerate(group.rollouts)
+            ],
+        )
         s.flush()
         return Submitted(row.id, group_id, row.status, True)
 
@@ -303,92 +358,113 @@ class Pipeline:
             for earlier in s.scalars(select(m.Rollout.signatures).where(m.Rollout.group_pk == row.id)):
                 seen.update(earlier or {})
             twins = {t for sig, turns in sigs.items() if sig in seen for t in turns}
-            self._store_rollout(s, row, content, rollout, row.rollouts_received, plan, sigs, twins)
+            self._store_rollouts(s, row, content, [_RolloutToStore(row.rollouts_received, rollout, plan, sigs, twins)])
             submitted = Submitted(row.id, row.group_id, row.status, True)
         self._dispatch_queued(row.id)
         self._maybe_aggregate(row.id)
         return submitted, True
 
-    def _store_rollout(
-        self,
-        s: Session,
-        group: m.Group,
-        content: GroupContent,
-        rollout: Rollout,
-        position: int,
-        plan: RolloutPlan,
-        sigs: dict[str, list[int]],
-        twins: set[int],
+    def _store_rollouts(
+        self, s: Session, group: m.Group, content: GroupContent, items: Sequence[_RolloutToStore]
     ) -> None:
+        """Store rollouts, their turns, deterministic zeros and work units with bulk inserts.
+
+        A batch of groups carries thousands of turns of page text: one multi-row
+        statement per table, not one ORM object per row, keeps ingest a fraction of a
+        step's critical path.
+        """
         params = params_of(group)
-        rollout_row = m.Rollout(
-            group_pk=group.id,
-            position=position,
-            rollout_id=rollout.id,
-            content_hash=rollout_hash(rollout),
-            outcome_reward=rollout.outcome_reward,
-            signatures=sigs,
-        )
-        s.add(rollout_row)
-        s.flush()
-        s.add_all(
-            m.Turn(rollout_pk=rollout_row.id, index=i, type=turn.type, body=turn.model_dump(mode="json"))
-            for i, turn in enumerate(rollout.turns)
-        )
+        rollout_pks = {
+            rollout_id: pk
+            for pk, rollout_id in s.execute(
+                insert(m.Rollout).returning(m.Rollout.id, m.Rollout.rollout_id),
+                [
+                    {
+                        "group_pk": group.id,
+                        "position": item.position,
+                        "rollout_id": item.rollout.id,
+                        "content_hash": rollout_hash(item.rollout),
+                        "outcome_reward": item.rollout.outcome_reward,
+                        "signatures": item.signatures,
+                        "arrived_at": now(),
+                    }
+                    for item in items
+                ],
+            )
+        }
+        turns: list[dict[str, Any]] = []
+        judgments: list[dict[str, Any]] = []
+        units: list[dict[str, Any]] = []
+        skipped: list[int] = []
         positive = content.positive_rubrics
-        for t in plan.deterministic_zero_visits:
-            for rubric in positive:
-                s.add(
-                    m.Judgment(
-                        group_pk=group.id,
-                        kind="visit",
-                        rollout_id=rollout.id,
-                        turn_index=t,
-                        rubric_id=rubric.id,
-                        status="deterministic",
-                        level=0,
-                        prior_support=None,
-                    )
-                )
-                metrics.DETERMINISTIC_ZEROS.inc()
-        units = 0
-        for chain in plan.chains:
-            s.add(
-                m.WorkUnit(
-                    group_pk=group.id,
-                    kind="visit_chain",
-                    unit_key=f"{rollout.id}\x1f{chain.rubric_id}",
-                    rollout_id=rollout.id,
-                    rubric_id=chain.rubric_id,
-                    status="queued",
-                    dedupe_turns=sorted(twins & set(chain.turn_indices)),
-                )
+        for item in items:
+            rollout, plan, twins = item.rollout, item.plan, item.twins
+            turns.extend(
+                {
+                    "rollout_pk": rollout_pks[rollout.id],
+                    "index": i,
+                    "type": turn.type,
+                    "body": turn.model_dump(mode="json"),
+                }
+                for i, turn in enumerate(rollout.turns)
             )
-            units += 1
-        known = {t: 0.0 for t in plan.deterministic_zero_visits}
-        done = 0
-        for task in plan.snippet_tasks:
-            decision = snippet_decision(task, known, params)
-            status = {"call": "queued", "wait": "waiting", "skip": "done"}[decision]
-            s.add(
-                m.WorkUnit(
-                    group_pk=group.id,
-                    kind="snippet",
-                    unit_key=f"{rollout.id}\x1f{task.turn_index}",
-                    rollout_id=rollout.id,
-                    turn_index=task.turn_index,
-                    status=status,
-                    dedupe_turns=[task.turn_index] if task.turn_index in twins else [],
-                )
+            judgments.extend(
+                {
+                    "group_pk": group.id,
+                    "kind": "visit",
+                    "rollout_id": rollout.id,
+                    "turn_index": t,
+                    "rubric_id": rubric.id,
+                    "status": "deterministic",
+                    "level": 0,
+                    "cache_hit": False,
+                    "attempt_count": 0,
+                    "created_at": now(),
+                }
+                for t in plan.deterministic_zero_visits
+                for rubric in positive
             )
-            units += 1
-            if decision == "skip":
-                self._add_skipped(s, group.id, rollout.id, task.turn_index)
-                done += 1
-        group.units_total += units
-        group.units_done += done
-        group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
-        group.rollouts_received += 1
+            units.extend(
+                {
+                    "group_pk": group.id,
+                    "kind": "visit_chain",
+                    "unit_key": f"{rollout.id}\x1f{chain.rubric_id}",
+                    "rollout_id": rollout.id,
+                    "rubric_id": chain.rubric_id,
+                    "turn_index": None,
+                    "status": "queued",
+                    "dedupe_turns": sorted(twins & set(chain.turn_indices)),
+                }
+                for chain in plan.chains
+            )
+            known = {t: 0.0 for t in plan.deterministic_zero_visits}
+            for task in plan.snippet_tasks:
+                decision = snippet_decision(task, known, params)
+                units.append(
+                    {
+                        "group_pk": group.id,
+                        "kind": "snippet",
+                        "unit_key": f"{rollout.id}\x1f{task.turn_index}",
+                        "rollout_id": rollout.id,
+                        "rubric_id": None,
+                        "turn_index": task.turn_index,
+                        "status": {"call": "queued", "wait": "waiting", "skip": "done"}[decision],
+                        "dedupe_turns": [task.turn_index] if task.turn_index in twins else [],
+                    }
+                )
+                if decision == "skip":
+                    self._add_skipped(s, group.id, rollout.id, task.turn_index)
+                    skipped.append(task.turn_index)
+            group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
+        s.execute(insert(m.Turn), turns)
+        if judgments:
+            s.execute(insert(m.Judgment), judgments)
+            metrics.DETERMINISTIC_ZEROS.inc(len(judgments))
+        if units:
+            s.execute(insert(m.WorkUnit), units)
+        group.units_total += len(units)
+        group.units_done += len(skipped)
+        group.rollouts_received += len(items)
 
     def sweep(self, stale_after_s: float) -> int:
         """Re-dispatch work whose broker message may be lost; returns units re-dispatched.
@@ -405,14 +481,19 @@ class Pipeline:
             open_groups = select(m.Group.id).where(m.Group.status.in_(("queued", "running")))
             candidates = s.execute(
                 select(
-                    m.WorkUnit.id, m.WorkUnit.kind, m.WorkUnit.group_pk, m.WorkUnit.status, m.WorkUnit.updated_at
+                    m.WorkUnit.id,
+                    m.WorkUnit.kind,
+                    m.WorkUnit.group_pk,
+                    m.WorkUnit.rollout_id,
+                    m.WorkUnit.status,
+                    m.WorkUnit.updated_at,
                 ).where(
                     m.WorkUnit.group_pk.in_(open_groups),
                     ((m.WorkUnit.status == "queued") & (m.WorkUnit.updated_at <= cutoff))
                     | ((m.WorkUnit.status == "running") & (m.WorkUnit.lease_expires_at <= cutoff)),
                 )
             ).all()
-            for unit_id, kind, group_pk, status, updated in candidates:
+            for unit_id, kind, group_pk, rollout_id, status, updated in candidates:
                 touched = _changed(
                     s,
                     update(m.WorkUnit)
@@ -420,7 +501,7 @@ class Pipeline:
                     .values(status="queued", lease_owner=None, lease_expires_at=None, updated_at=now()),
                 )
                 if touched:
-                    refs.append(UnitRef(kind, unit_id, group_pk))  # type: ignore[arg-type]
+                    refs.append(UnitRef(kind, unit_id, group_pk, rollout_id))  # type: ignore[arg-type]
             stuck = list(
                 s.scalars(
                     select(m.Group.id).where(
@@ -457,45 +538,72 @@ class Pipeline:
     def _dispatch_queued(self, group_pk: int) -> int:
         with self.db.session() as s:
             rows = s.execute(
-                select(m.WorkUnit.id, m.WorkUnit.kind).where(
-                    m.WorkUnit.group_pk == group_pk, m.WorkUnit.status == "queued"
-                )
+                select(m.WorkUnit.id, m.WorkUnit.kind, m.WorkUnit.rollout_id)
+                .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status == "queued")
+                .order_by(m.WorkUnit.id)
             ).all()
-        self.dispatcher.dispatch([UnitRef(kind, unit_id, group_pk) for unit_id, kind in rows])  # type: ignore[arg-type]
+        self.dispatcher.dispatch([UnitRef(kind, unit_id, group_pk, rollout) for unit_id, kind, rollout in rows])  # type: ignore[arg-type]
         return len(rows)
 
     def _maybe_aggregate(self, group_pk: int) -> None:
         with self.db.session() as s:
-            flipped = _changed(s, _aggregation_flip(group_pk))
+            flipped = _changed(s, _aggregation_flip([group_pk]))
         if flipped:
             self.dispatcher.dispatch_aggregation(group_pk)
 
     # ================================================================== units
 
-    def run_unit(self, ref: UnitRef) -> UnitOutcome:
-        """Run one unit to completion (or until its group fails); safe to deliver twice.
+    def submit_units(self, refs: Sequence[UnitRef]) -> Future[list[UnitOutcome]]:
+        """Start units on the engine loop; the future holds one outcome per unit."""
+        return self.engine.submit(self.arun_units(refs))
 
-        Returns ``done`` (finished now), ``noop`` (nothing left to do), ``stopped`` (the
-        process is stopping; the unit stays resumable) or ``busy`` (another delivery
-        holds a live lease on it; try again after the lease time).
+    def submit_aggregation(self, group_pk: int) -> Future[None]:
+        return self.engine.submit(self.engine.db(self.run_aggregation, group_pk))
+
+    def run_units(self, refs: Sequence[UnitRef]) -> list[UnitOutcome]:
+        """Run units to completion from a thread outside the engine (a Celery task)."""
+        return self.submit_units(refs).result()
+
+    async def arun_units(self, refs: Sequence[UnitRef]) -> list[UnitOutcome]:
+        """Run units concurrently to completion (or until their group fails); safe to deliver twice.
+
+        Each outcome is ``done`` (finished now), ``noop`` (nothing left to do),
+        ``stopped`` (the process is stopping; the unit stays resumable) or ``busy``
+        (another delivery holds a live lease on it; try again after the lease time).
+        The units are claimed in one transaction; an error of one unit is raised after
+        the others have finished.
         """
         owner = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
+        claims = await self.engine.db(self._claim_units, [r.unit_id for r in refs], owner)
+        outcomes = await asyncio.gather(
+            *(self._arun_claimed(ref, claims[ref.unit_id], owner) for ref in refs), return_exceptions=True
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes  # type: ignore[return-value]
+
+    async def _arun_claimed(self, ref: UnitRef, claimed: Claimed | UnitOutcome, owner: str) -> UnitOutcome:
+        if isinstance(claimed, str):
+            metrics.UNITS.labels(ref.kind, claimed).inc()
+            return claimed
+        structlog.contextvars.bind_contextvars(group_pk=ref.group_pk, unit_id=ref.unit_id, unit_kind=ref.kind)
         try:
             if ref.kind == "visit_chain":
                 metrics.CHAINS_IN_FLIGHT.inc()
                 try:
-                    outcome = self._run_visit_chain(ref.unit_id, owner)
+                    outcome = await self._arun_visit_chain(claimed, owner)
                 finally:
                     metrics.CHAINS_IN_FLIGHT.dec()
             else:
-                outcome = self._run_snippet(ref.unit_id, owner)
+                outcome = await self._arun_snippet(claimed, owner)
         except _Stopping:
-            self._release(ref.unit_id, owner)
+            await self.engine.db(self._release, ref.unit_id, owner)
             outcome = "stopped"
         except Exception as exc:
             metrics.UNITS.labels(ref.kind, "error").inc()
             log.exception("unit %s %s of group %s failed", ref.kind, ref.unit_id, ref.group_pk)
-            self._unit_error(ref, exc)
+            await self.engine.db(self._unit_error, ref, exc)
             raise
         metrics.UNITS.labels(ref.kind, outcome).inc()
         return outcome
@@ -515,44 +623,87 @@ class Pipeline:
         if attempts >= MAX_UNIT_ATTEMPTS:
             self.fail_group(ref.group_pk, f"work unit {ref.kind} {ref.unit_id} failed {attempts} times: {exc}")
 
-    def _claim(self, unit_id: int, owner: str) -> tuple[m.WorkUnit, ScoringParams, int] | UnitOutcome:
-        """Take the unit's lease and count the delivery, or say why not."""
+    def _claim_units(self, unit_ids: Sequence[int], owner: str) -> dict[int, Claimed | UnitOutcome]:
+        """Take the units' leases, count the delivery and read where each left off."""
+        out: dict[int, Claimed | UnitOutcome] = {i: "noop" for i in unit_ids}
         with self.db.session() as s:
-            unit = s.scalar(select(m.WorkUnit).where(m.WorkUnit.id == unit_id).with_for_update())
-            if unit is None or unit.status in ("done", "cancelled"):
-                return "noop"
-            group = s.get(m.Group, unit.group_pk)
-            if group is None or group.status not in ("queued", "running"):
-                return "noop"
-            if unit.status == "waiting":
-                return "noop"  # its snippet call is released by the visits it waits on
-            expires = _aware(unit.lease_expires_at) if unit.lease_expires_at else None
-            if unit.status == "running" and unit.lease_owner and expires is not None and expires > now():
-                return "busy"
-            unit.status = "running"
-            unit.attempts += 1
-            unit.lease_owner = owner
-            unit.lease_expires_at = now() + timedelta(seconds=self.lease_s)
-            if group.status == "queued":
+            units = s.scalars(
+                select(m.WorkUnit).where(m.WorkUnit.id.in_(unit_ids)).order_by(m.WorkUnit.id).with_for_update()
+            ).all()
+            groups = {g.id: g for g in s.scalars(select(m.Group).where(m.Group.id.in_({u.group_pk for u in units})))}
+            taken: list[m.WorkUnit] = []
+            for unit in units:
+                group = groups.get(unit.group_pk)
+                if unit.status in ("done", "cancelled", "waiting") or group is None:
+                    continue  # a waiting snippet call is released by the visits it waits on
+                if group.status not in ("queued", "running"):
+                    continue
+                expires = _aware(unit.lease_expires_at) if unit.lease_expires_at else None
+                if unit.status == "running" and unit.lease_owner and expires is not None and expires > now():
+                    out[unit.id] = "busy"
+                    continue
+                unit.status = "running"
+                unit.attempts += 1
+                unit.lease_owner = owner
+                unit.lease_expires_at = now() + timedelta(seconds=self.lease_s)
+                taken.append(unit)
+            starting = [
+                g.id for g in groups.values() if g.status == "queued" and any(u.group_pk == g.id for u in taken)
+            ]
+            if starting:
                 s.execute(
                     update(m.Group)
-                    .where(m.Group.id == group.id, m.Group.status == "queued")
+                    .where(m.Group.id.in_(starting), m.Group.status == "queued")
                     .values(status="running", started_at=now())
                 )
             s.flush()
-            s.expunge(unit)
-            return unit, params_of(group), group.rollouts_received
-
-    def _renew(self, s: Session, unit_id: int, owner: str) -> bool:
-        """Extend the lease; False when the unit is no longer this delivery's to run."""
-        return bool(
-            _changed(
-                s,
-                update(m.WorkUnit)
-                .where(m.WorkUnit.id == unit_id, m.WorkUnit.lease_owner == owner, m.WorkUnit.status == "running")
-                .values(lease_expires_at=now() + timedelta(seconds=self.lease_s)),
-            )
-        )
+            done: dict[tuple[int, str, str], set[int]] = {}
+            history: dict[tuple[int, str, str], list[str]] = {}
+            snippets_done: set[tuple[int, str, int]] = set()
+            if taken:
+                group_pks = {u.group_pk for u in taken}
+                rollout_ids = {u.rollout_id for u in taken}
+                for group_pk, kind, rollout_id, turn_index, rubric_id in s.execute(
+                    select(
+                        m.Judgment.group_pk,
+                        m.Judgment.kind,
+                        m.Judgment.rollout_id,
+                        m.Judgment.turn_index,
+                        m.Judgment.rubric_id,
+                    ).where(m.Judgment.group_pk.in_(group_pks), m.Judgment.rollout_id.in_(rollout_ids))
+                ):
+                    if kind == "visit":
+                        done.setdefault((group_pk, rollout_id, rubric_id), set()).add(turn_index)
+                    else:
+                        snippets_done.add((group_pk, rollout_id, turn_index))
+                for group_pk, rollout_id, rubric_id, text in s.execute(
+                    select(
+                        m.SupportPoint.group_pk,
+                        m.SupportPoint.rollout_id,
+                        m.SupportPoint.rubric_id,
+                        m.SupportPoint.text,
+                    )
+                    .where(m.SupportPoint.group_pk.in_(group_pks), m.SupportPoint.rollout_id.in_(rollout_ids))
+                    .order_by(m.SupportPoint.position)
+                ):
+                    history.setdefault((group_pk, rollout_id, rubric_id), []).append(text)
+            for unit in taken:
+                group = groups[unit.group_pk]
+                chain = (unit.group_pk, unit.rollout_id, unit.rubric_id or "")
+                out[unit.id] = Claimed(
+                    unit_id=unit.id,
+                    group_pk=unit.group_pk,
+                    rollout_id=unit.rollout_id,
+                    rubric_id=unit.rubric_id or "",
+                    turn_index=unit.turn_index or 0,
+                    dedupe_turns=frozenset(unit.dedupe_turns or ()),
+                    params=params_of(group),
+                    rollouts_received=group.rollouts_received,
+                    done=frozenset(done.get(chain, ())),
+                    history=tuple(history.get(chain, ())),
+                    snippet_done=(unit.group_pk, unit.rollout_id, unit.turn_index or 0) in snippets_done,
+                )
+        return out
 
     def _release(self, unit_id: int, owner: str) -> None:
         """Give the lease back so the next delivery can continue at once."""
@@ -563,17 +714,31 @@ class Pipeline:
                 .values(status="queued", lease_owner=None, lease_expires_at=None)
             )
 
-    def _run_visit_chain(self, unit_id: int, owner: str) -> UnitOutcome:
-        claimed = self._claim(unit_id, owner)
-        if isinstance(claimed, str):
-            return claimed
-        unit, params, received = claimed
-        group_pk = unit.group_pk
-        content = self.content(group_pk, received)
+    async def _acontent(self, group_pk: int, received: int) -> GroupContent:
+        cached = self._cached_content(group_pk, received)
+        if cached is not None:
+            return cached
+        return await self.engine.db(self.content, group_pk, received)
+
+    def _plan(
+        self, group_pk: int, received: int, content: GroupContent, rollout: Rollout, params: ScoringParams
+    ) -> RolloutPlan:
+        """A rollout's plan, computed once per process for all its units."""
+        key = (group_pk, received, rollout.id)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = plan_rollout(content, rollout, params)
+            self._plans[key] = plan
+            while len(self._plans) > 4096:
+                self._plans.popitem(last=False)
+        return plan
+
+    async def _arun_visit_chain(self, unit: Claimed, owner: str) -> UnitOutcome:
+        group_pk, params = unit.group_pk, unit.params
+        content = await self._acontent(group_pk, unit.rollouts_received)
         rollout = content.rollout(unit.rollout_id)
-        rubric = _rubric(content, unit.rubric_id or "")
-        structlog.contextvars.bind_contextvars(group_pk=group_pk, rollout_id=rollout.id, rubric_id=rubric.id)
-        plan = plan_rollout(content, rollout, params)
+        rubric = _rubric(content, unit.rubric_id)
+        plan = self._plan(group_pk, unit.rollouts_received, content, rollout, params)
         chain = next(c for c in plan.chains if c.rubric_id == rubric.id)
         # Visits whose credit decides a waiting snippet call: after judging one of them
         # the snippet calls of the rollout are reconsidered.
@@ -582,15 +747,13 @@ class Pipeline:
             if params.skip_saturated_snippets
             else set()
         )
-        twins = set(unit.dedupe_turns or ())
         visit_number = {t: n for n, t in enumerate(i for i, x in enumerate(rollout.turns) if isinstance(x, VisitTurn))}
-        done, history = self._chain_state(group_pk, rollout.id, rubric.id)
+        done, history = set(unit.done), list(unit.history)
         for t in chain.turn_indices:
             if t in done:
                 continue
             if self._stopping.is_set():
-                self._release(unit_id, owner)
-                return "stopped"
+                raise _Stopping()
             turn = rollout.turns[t]
             assert isinstance(turn, VisitTurn)
             request = VisitJudgeRequest(
@@ -601,93 +764,87 @@ class Pipeline:
                 turn_index=t,
                 visit_index=visit_number[t],
             )
-            call = functools.partial(self.judge.judge_visit, request)
-            key = self.judge.visit_prompt(request).cache_key(self.judge.model)
+            prompt = self.judge.visit_prompt(request)
+            key = prompt.cache_key(self.judge.model)
+            release = None
+            if t in deciders and (group_pk, rollout.id) not in self._no_waiting:
+                release = ((group_pk, rollout.id), (unit.rollouts_received, params))
             store = functools.partial(
-                self._store_visit, group_pk, rollout.id, rubric.id, t, len(history), key, unit_id, owner
+                self._store_visit,
+                group_pk,
+                rollout.id,
+                rubric.id,
+                t,
+                len(history),
+                key,
+                (unit.unit_id, owner),
+                release,
             )
-            if t in twins:
-                result, stored = self._judge_once(group_pk, key, "visit", call, store)
+            call = functools.partial(self.judge.ajudge_visit, request, prompt)
+            if t in unit.dedupe_turns:
+                result, stored = await self._judge_once(group_pk, key, "visit", call, store)
             else:
-                result = call()
-                _observe(result)
-                stored = store(result, False)
+                result = await self._call_judge(call)
+                stored = await store(result, False)
             if stored == "duplicate":
-                done, history = self._chain_state(group_pk, rollout.id, rubric.id)
+                done, history = await self.engine.db(self._chain_state, group_pk, rollout.id, rubric.id)
                 continue
             if stored == "lost":
                 return "noop"  # the group failed, or another delivery took the unit over
             if result.status == "ok" and result.verdict is not None and result.verdict.level > 0:
                 history.extend(result.verdict.support_points)
             if result.status == "failed" and params.on_judge_failure == "fail":
-                self.fail_group(
+                await self.engine.db(
+                    self.fail_group,
                     group_pk,
                     f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}",
                 )
                 return "noop"
-            if t in deciders:
-                self._release_snippets(group_pk, rollout.id)
-        self._finish_unit(unit_id, group_pk)
+        await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
         return "done"
 
-    def _run_snippet(self, unit_id: int, owner: str) -> UnitOutcome:
-        claimed = self._claim(unit_id, owner)
-        if isinstance(claimed, str):
-            return claimed
-        unit, params, received = claimed
-        group_pk = unit.group_pk
-        with self.db.session() as s:
-            exists = s.scalar(
-                select(m.Judgment.id).where(
-                    m.Judgment.group_pk == group_pk,
-                    m.Judgment.kind == "snippet",
-                    m.Judgment.rollout_id == unit.rollout_id,
-                    m.Judgment.turn_index == unit.turn_index,
-                )
-            )
-        if exists is None:
-            content = self.content(group_pk, received)
+    async def _arun_snippet(self, unit: Claimed, owner: str) -> UnitOutcome:
+        group_pk, params = unit.group_pk, unit.params
+        if not unit.snippet_done:
+            content = await self._acontent(group_pk, unit.rollouts_received)
             rollout = content.rollout(unit.rollout_id)
-            task = _snippet_task(content, rollout, unit.turn_index or 0, params)
+            plan = self._plan(group_pk, unit.rollouts_received, content, rollout, params)
+            task = next(t for t in plan.snippet_tasks if t.turn_index == unit.turn_index)
             request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
-            key = self.judge.snippet_prompt(request).cache_key(self.judge.model)
-            call = functools.partial(self.judge.judge_snippets, request)
+            prompt = self.judge.snippet_prompt(request)
+            key = prompt.cache_key(self.judge.model)
+            call = functools.partial(self.judge.ajudge_snippets, request, prompt)
             store = functools.partial(self._store_snippet, group_pk, rollout.id, task.turn_index, key)
             if unit.dedupe_turns:
-                result, _ = self._judge_once(group_pk, key, "snippet", call, store)
+                result, _ = await self._judge_once(group_pk, key, "snippet", call, store)
             else:
-                result = call()
-                _observe(result)
-                store(result, False)
+                result = await self._call_judge(call)
+                await store(result, False)
             if result.status == "failed" and params.on_judge_failure == "fail":
-                self.fail_group(
+                await self.engine.db(
+                    self.fail_group,
                     group_pk,
                     f"snippet judgment failed (rollout {rollout.id}, turn {task.turn_index}): {result.failure_reason}",
                 )
                 return "noop"
-        self._finish_unit(unit_id, group_pk)
+        await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
         return "done"
-
-    def _finish_unit(self, unit_id: int, group_pk: int) -> None:
-        with self.db.session() as s:
-            changed = _changed(
-                s, update(m.WorkUnit).where(m.WorkUnit.id == unit_id, m.WorkUnit.status != "done").values(status="done")
-            )
-            if changed:
-                s.execute(update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1))
-            flipped = _changed(s, _aggregation_flip(group_pk))
-        if flipped:
-            self.dispatcher.dispatch_aggregation(group_pk)
 
     # ------------------------------------------------------------------ judging
 
-    def _judge_once(
+    async def _call_judge(self, call: Callable[[], Awaitable[JudgeResult[R]]]) -> JudgeResult[R]:
+        async with self.engine.judge_slots:
+            result = await call()
+        _observe(result)
+        return result
+
+    async def _judge_once(
         self,
         group_pk: int,
         key: str,
         kind: str,
-        call: Callable[[], JudgeResult[R]],
-        store: Callable[[JudgeResult[R], bool], S],
+        call: Callable[[], Awaitable[JudgeResult[R]]],
+        store: Callable[[JudgeResult[R], bool], Awaitable[S]],
     ) -> tuple[JudgeResult[R], S]:
         """Judge a request once per group and store the result with ``store``.
 
@@ -696,41 +853,37 @@ class Pipeline:
         one in flight in another process is awaited through a claim row, which expires
         with the lease if its owner dies. Returns (result, stored).
         """
-        hit = self._stored_answer(group_pk, key, kind)
+        hit = await self.engine.db(self._stored_answer, group_pk, key, kind)
         if hit is not None:
-            return hit, store(hit, True)
+            return hit, await store(hit, True)
         slot = (group_pk, key)
-        with self._inflight_lock:
-            future = self._inflight.get(slot)
-            owner = future is None
-            if owner:
-                future = Future()
-                self._inflight[slot] = future
-        assert future is not None
-        if not owner:
-            result = future.result()
+        pending = self._inflight.get(slot)
+        if pending is not None:
+            result = await asyncio.shield(pending)
             metrics.JUDGE_CACHE_HITS.labels(kind).inc()
-            return result, store(result, True)
+            return result, await store(result, True)
+        future: asyncio.Future[JudgeResult[Any]] = asyncio.get_running_loop().create_future()
+        self._inflight[slot] = future
         token = None
         try:
             if self.claims:
-                token, hit = self._await_claim(group_pk, key, kind)
+                token, hit = await self._await_claim(group_pk, key, kind)
                 if hit is not None:
                     future.set_result(hit)
-                    return hit, store(hit, True)
-            result = call()
-            _observe(result)
-            stored = store(result, False)
+                    return hit, await store(hit, True)
+            result = await self._call_judge(call)
+            stored = await store(result, False)
             future.set_result(result)
             return result, stored
         except BaseException as exc:
-            future.set_exception(exc)
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()  # retrieved: waiters see it, nobody else must
             raise
         finally:
-            with self._inflight_lock:
-                self._inflight.pop(slot, None)
+            self._inflight.pop(slot, None)
             if token is not None:
-                self._drop_claim(group_pk, key, token)
+                await self.engine.db(self._drop_claim, group_pk, key, token)
 
     def _stored_answer(self, group_pk: int, key: str, kind: str) -> JudgeResult[Any] | None:
         with self.db.session() as s:
@@ -749,38 +902,44 @@ class Pipeline:
             metrics.JUDGE_CACHE_HITS.labels(kind).inc()
             return _result_from_row(row)
 
-    def _await_claim(self, group_pk: int, key: str, kind: str) -> tuple[str | None, JudgeResult[Any] | None]:
+    async def _await_claim(self, group_pk: int, key: str, kind: str) -> tuple[str | None, JudgeResult[Any] | None]:
         """Claim the request for this process, or wait for its owner's stored answer."""
         token = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
         pause = 0.05
         while True:
-            try:
-                with self.db.session() as s:
-                    s.add(m.RequestClaim(group_pk=group_pk, request_key=key, owner=token, claimed_at=now()))
-                return token, None
-            except IntegrityError:
-                pass
-            hit = self._stored_answer(group_pk, key, kind)
-            if hit is not None:
-                return None, hit
-            with self.db.session() as s:
-                stale = now() - timedelta(seconds=self.lease_s)
-                stolen = _changed(
-                    s,
-                    update(m.RequestClaim)
-                    .where(
-                        m.RequestClaim.group_pk == group_pk,
-                        m.RequestClaim.request_key == key,
-                        m.RequestClaim.claimed_at < stale,
-                    )
-                    .values(owner=token, claimed_at=now()),
-                )
-            if stolen:
-                return token, None
+            outcome = await self.engine.db(self._try_claim, group_pk, key, kind, token)
+            if outcome is not None:
+                return outcome
             if self._stopping.is_set():
                 raise _Stopping()
-            time.sleep(pause)
+            await asyncio.sleep(pause)
             pause = min(pause * 1.5, 0.5)
+
+    def _try_claim(
+        self, group_pk: int, key: str, kind: str, token: str
+    ) -> tuple[str | None, JudgeResult[Any] | None] | None:
+        try:
+            with self.db.session() as s:
+                s.add(m.RequestClaim(group_pk=group_pk, request_key=key, owner=token, claimed_at=now()))
+            return token, None
+        except IntegrityError:
+            pass
+        hit = self._stored_answer(group_pk, key, kind)
+        if hit is not None:
+            return None, hit
+        with self.db.session() as s:
+            stale = now() - timedelta(seconds=self.lease_s)
+            stolen = _changed(
+                s,
+                update(m.RequestClaim)
+                .where(
+                    m.RequestClaim.group_pk == group_pk,
+                    m.RequestClaim.request_key == key,
+                    m.RequestClaim.claimed_at < stale,
+                )
+                .values(owner=token, claimed_at=now()),
+            )
+        return (token, None) if stolen else None
 
     def _drop_claim(self, group_pk: int, key: str, token: str) -> None:
         try:
@@ -820,7 +979,7 @@ class Pipeline:
             )
         return done, history
 
-    def _store_visit(
+    async def _store_visit(
         self,
         group_pk: int,
         rollout_id: str,
@@ -828,12 +987,12 @@ class Pipeline:
         turn_index: int,
         prior: int,
         key: str,
-        unit_id: int,
-        owner: str,
+        lease: tuple[int, str],
+        release: tuple[tuple[int, str], tuple[int, ScoringParams]] | None,
         result: JudgeResult[VisitVerdict],
         cached: bool,
     ) -> StoreOutcome:
-        """Store one judgment, its support points and renew the unit's lease, atomically.
+        """Store one judgment and its support points, and renew the unit's lease, atomically.
 
         ``duplicate``: another delivery stored this judgment first. ``lost``: stored, but
         the unit is no longer this delivery's (its group failed, or its lease passed on).
@@ -841,6 +1000,7 @@ class Pipeline:
         verdict = result.verdict
         values = _judgment_values(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
         values["prior_support"] = prior
+        points: list[str] = []
         if verdict is not None:
             values.update(
                 level=verdict.level,
@@ -848,33 +1008,12 @@ class Pipeline:
                 support_points=list(verdict.support_points),
                 rationale=verdict.rationale,
             )
-        try:
-            with self.db.session() as s:
-                _insert_judgment(s, values, result, cached)
-                if verdict is not None and verdict.level > 0:
-                    # Only this chain appends to this (rollout, rubric) history, so the
-                    # next position is the length of the history it judged against.
-                    s.execute(
-                        insert(m.SupportPoint),
-                        [
-                            {
-                                "group_pk": group_pk,
-                                "rollout_id": rollout_id,
-                                "rubric_id": rubric_id,
-                                "position": prior + i,
-                                "turn_index": turn_index,
-                                "text": point,
-                            }
-                            for i, point in enumerate(verdict.support_points)
-                        ],
-                    )
-                kept = self._renew(s, unit_id, owner)
-        except IntegrityError:
-            log.info("visit judgment already stored by another delivery", extra={"group_pk": group_pk})
-            return "duplicate"
-        return "stored" if kept else "lost"
+            if verdict.level > 0:
+                points = list(verdict.support_points)
+        row = JudgmentRow(values, _attempt_rows(result, cached), points)
+        return await self._writer.put(_Write(row, lease, release=release))
 
-    def _store_snippet(
+    async def _store_snippet(
         self,
         group_pk: int,
         rollout_id: str,
@@ -882,7 +1021,7 @@ class Pipeline:
         key: str,
         result: JudgeResult[SnippetVerdict],
         cached: bool,
-    ) -> bool:
+    ) -> StoreOutcome:
         values = _judgment_values(group_pk, "snippet", rollout_id, turn_index, "", key, result, cached)
         verdict = result.verdict
         if verdict is not None:
@@ -891,78 +1030,140 @@ class Pipeline:
                 rejected_matches=[{"index": x.index, "match": x.raw, "reason": x.reason} for x in verdict.rejected],
                 match_count=len(verdict.accepted),
             )
-        try:
-            with self.db.session() as s:
-                _insert_judgment(s, values, result, cached)
-        except IntegrityError:
-            return False
-        return True
+        return await self._writer.put(_Write(JudgmentRow(values, _attempt_rows(result, cached))))
+
+    def _write_batch(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
+        """Store judgments, renew leases and finish units, for many chains in one transaction.
+
+        A judgment another delivery already stored is reported ``duplicate`` without
+        failing the rest of the batch (:func:`drcredit.storage.bulk.store_judgments`).
+        """
+        outcomes: list[StoreOutcome] = ["stored"] * len(writes)
+        flipped: list[int] = []
+        with self.db.session() as s:
+            judged = [(i, w) for i, w in enumerate(writes) if w.judgment is not None]
+            if judged:
+                stored = store_judgments(s, [w.judgment for _, w in judged])  # type: ignore[misc]
+                leases = [w.lease for n, (_, w) in enumerate(judged) if n in stored and w.lease is not None]
+                kept = renew_leases(s, leases, now() + timedelta(seconds=self.lease_s))
+                for n, (i, w) in enumerate(judged):
+                    if n not in stored:
+                        outcomes[i] = "duplicate"
+                    elif w.lease is not None and w.lease[0] not in kept:
+                        outcomes[i] = "lost"
+            releases = dict(w.release for w in writes if w.release is not None)
+            to_dispatch, skipped = self._release_waiting(s, releases) if releases else ([], set())
+            finishing = [w.finish for w in writes if w.finish is not None]
+            if finishing:
+                finished = s.execute(
+                    update(m.WorkUnit)
+                    .where(m.WorkUnit.id.in_([u for u, _ in finishing]), m.WorkUnit.status != "done")
+                    .values(status="done")
+                    .returning(m.WorkUnit.group_pk)
+                ).all()
+                per_group = Counter(g for (g,) in finished)
+                for group_pk, count in sorted(per_group.items()):
+                    s.execute(
+                        update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + count)
+                    )
+            touched = sorted({g for _, g in finishing} | skipped)
+            if touched:
+                flipped = list(s.scalars(_aggregation_flip(touched).returning(m.Group.id)))
+        if to_dispatch:
+            self.dispatcher.dispatch(to_dispatch)
+        for group_pk in flipped:
+            self.dispatcher.dispatch_aggregation(group_pk)
+        return outcomes
 
     # ------------------------------------------------------------------ snippets waiting on visits
 
     def _release_snippets(self, group_pk: int, rollout_id: str) -> None:
-        """Decide the waiting snippet calls of a rollout whose navigation credit is now known."""
+        """Decide the waiting snippet calls of a rollout whose navigation credit may now be known."""
         if (group_pk, rollout_id) in self._no_waiting:
             return
-        to_dispatch: list[UnitRef] = []
-        skipped = False
-        content = self.content(group_pk)
         with self.db.session() as s:
-            waiting = s.scalars(
-                select(m.WorkUnit).where(
-                    m.WorkUnit.group_pk == group_pk,
-                    m.WorkUnit.kind == "snippet",
-                    m.WorkUnit.rollout_id == rollout_id,
-                    m.WorkUnit.status == "waiting",
-                )
-            ).all()
-            if not waiting:
+            to_dispatch, skipped = self._release_waiting(s, {(group_pk, rollout_id): None})
+        if to_dispatch:
+            self.dispatcher.dispatch(to_dispatch)
+        if skipped:
+            self._maybe_aggregate(group_pk)
+
+    def _release_waiting(
+        self, s: Session, rollouts: Mapping[tuple[int, str], tuple[int, ScoringParams] | None]
+    ) -> tuple[list[UnitRef], set[int]]:
+        """Queue or skip, in ``s``, the waiting snippet calls whose navigation visits are all judged.
+
+        ``rollouts`` maps (group, rollout) to (rollouts received, params) when the caller
+        knows them (a chain does), else None. Returns the units to dispatch after commit
+        and the groups that had a unit finished by a skip.
+        """
+        pairs = [p for p in rollouts if p not in self._no_waiting]
+        if not pairs:
+            return [], set()
+        waiting: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        for unit_id, group_pk, rollout_id, turn_index in s.execute(
+            select(m.WorkUnit.id, m.WorkUnit.group_pk, m.WorkUnit.rollout_id, m.WorkUnit.turn_index).where(
+                tuple_(m.WorkUnit.group_pk, m.WorkUnit.rollout_id).in_(pairs),
+                m.WorkUnit.kind == "snippet",
+                m.WorkUnit.status == "waiting",
+            )
+        ):
+            waiting.setdefault((group_pk, rollout_id), []).append((unit_id, turn_index or 0))
+        for pair in pairs:
+            if pair not in waiting:
+                # Units never return to waiting: this rollout needs no check again.
                 if len(self._no_waiting) > 100_000:
                     self._no_waiting.clear()
-                self._no_waiting.add((group_pk, rollout_id))
-                return
-            group = s.get(m.Group, group_pk)
-            assert group is not None
-            params = params_of(group)
+                self._no_waiting.add(pair)
+        if not waiting:
+            return [], set()
+        levels: dict[tuple[int, str], dict[int, list[int]]] = {}
+        for group_pk, rollout_id, turn_index, level in s.execute(
+            select(m.Judgment.group_pk, m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.level).where(
+                tuple_(m.Judgment.group_pk, m.Judgment.rollout_id).in_(list(waiting)), m.Judgment.kind == "visit"
+            )
+        ):
+            levels.setdefault((group_pk, rollout_id), {}).setdefault(turn_index, []).append(level or 0)
+        to_dispatch: list[UnitRef] = []
+        skipped: set[int] = set()
+        for (group_pk, rollout_id), units in waiting.items():
+            known_state = rollouts[(group_pk, rollout_id)]
+            if known_state is None:
+                group = s.get(m.Group, group_pk)
+                assert group is not None
+                received, params = group.rollouts_received, params_of(group)
+            else:
+                received, params = known_state
+            content = self.content(group_pk, received)
             rollout = content.rollout(rollout_id)
-            known = self._known_visit_credits(s, group_pk, rollout_id, len(content.positive_rubrics), params)
-            tasks = {t.turn_index: t for t in plan_rollout(content, rollout, params).snippet_tasks}
-            for unit in waiting:
-                decision = snippet_decision(tasks[unit.turn_index or 0], known, params)
+            plan = self._plan(group_pk, received, content, rollout, params)
+            n_rubrics = len(content.positive_rubrics)
+            known = {
+                t: visit_credit(v, params)[0]
+                for t, v in levels.get((group_pk, rollout_id), {}).items()
+                if len(v) == n_rubrics
+            }
+            tasks = {t.turn_index: t for t in plan.snippet_tasks}
+            for unit_id, turn_index in units:
+                decision = snippet_decision(tasks[turn_index], known, params)
                 if decision == "wait":
                     continue
                 target = "queued" if decision == "call" else "done"
                 changed = _changed(
                     s,
                     update(m.WorkUnit)
-                    .where(m.WorkUnit.id == unit.id, m.WorkUnit.status == "waiting")
+                    .where(m.WorkUnit.id == unit_id, m.WorkUnit.status == "waiting")
                     .values(status=target),
                 )
                 if not changed:
                     continue
                 if decision == "call":
-                    to_dispatch.append(UnitRef("snippet", unit.id, group_pk))
+                    to_dispatch.append(UnitRef("snippet", unit_id, group_pk, rollout_id))
                 else:
-                    self._add_skipped(s, group_pk, rollout_id, unit.turn_index or 0)
+                    self._add_skipped(s, group_pk, rollout_id, turn_index)
                     s.execute(update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1))
-                    skipped = True
-        if to_dispatch:
-            self.dispatcher.dispatch(to_dispatch)
-        if skipped:
-            self._maybe_aggregate(group_pk)
-
-    @staticmethod
-    def _known_visit_credits(
-        s: Session, group_pk: int, rollout_id: str, n_rubrics: int, params: ScoringParams
-    ) -> dict[int, float]:
-        levels: dict[int, list[int]] = {}
-        for turn_index, level in s.execute(
-            select(m.Judgment.turn_index, m.Judgment.level).where(
-                m.Judgment.group_pk == group_pk, m.Judgment.kind == "visit", m.Judgment.rollout_id == rollout_id
-            )
-        ):
-            levels.setdefault(turn_index, []).append(level or 0)
-        return {t: visit_credit(v, params)[0] for t, v in levels.items() if len(v) == n_rubrics}
+                    skipped.add(group_pk)
+        return to_dispatch, skipped
 
     @staticmethod
     def _add_skipped(s: Session, group_pk: int, rollout_id: str, turn_index: int) -> None:
@@ -1050,11 +1251,14 @@ class Pipeline:
 
     # ================================================================== helpers
 
+    def _cached_content(self, group_pk: int, rollouts_received: int) -> GroupContent | None:
+        with self._cache_lock:
+            return self._content_cache.get((group_pk, rollouts_received))
+
     def content(self, group_pk: int, rollouts_received: int | None = None) -> GroupContent:
         """The group's validated content, cached per (group, rollouts received)."""
         if rollouts_received is not None:
-            with self._cache_lock:
-                cached = self._content_cache.get((group_pk, rollouts_received))
+            cached = self._cached_content(group_pk, rollouts_received)
             if cached is not None:
                 return cached
         with self._cache_lock:
@@ -1108,19 +1312,12 @@ def _rubric(content: GroupContent, rubric_id: str) -> Rubric:
     raise KeyError(rubric_id)
 
 
-def _snippet_task(content: GroupContent, rollout: Rollout, turn_index: int, params: ScoringParams) -> SnippetTask:
-    for task in plan_rollout(content, rollout, params).snippet_tasks:
-        if task.turn_index == turn_index:
-            return task
-    raise KeyError(turn_index)
-
-
-def _aggregation_flip(group_pk: int) -> Any:
+def _aggregation_flip(group_pks: Sequence[int]) -> Any:
     """The conditional update that lets exactly one finisher schedule the aggregation."""
     return (
         update(m.Group)
         .where(
-            m.Group.id == group_pk,
+            m.Group.id.in_(group_pks),
             m.Group.aggregation == "pending",
             m.Group.units_done == m.Group.units_total,
             m.Group.rollouts_received == m.Group.expected_rollouts,
@@ -1161,26 +1358,21 @@ def _judgment_values(
     }
 
 
-def _insert_judgment(s: Session, values: dict[str, Any], result: JudgeResult[Any], cached: bool) -> int:
-    """Insert a judgment and its attempts with Core statements (no unit of work: cheaper)."""
-    judgment_id: int = s.execute(insert(m.Judgment).values(**values).returning(m.Judgment.id)).scalar_one()
-    if not cached and result.attempts:
-        s.execute(
-            insert(m.JudgmentAttempt),
-            [
-                {
-                    "judgment_pk": judgment_id,
-                    "number": a.number,
-                    "outcome": a.outcome,
-                    "error": a.error,
-                    "latency_s": a.latency_s,
-                    "prompt_tokens": a.prompt_tokens,
-                    "completion_tokens": a.completion_tokens,
-                }
-                for a in result.attempts
-            ],
-        )
-    return judgment_id
+def _attempt_rows(result: JudgeResult[Any], cached: bool) -> list[dict[str, Any]]:
+    """Attempt rows of a judgment (a cache hit made no attempt of its own)."""
+    if cached:
+        return []
+    return [
+        {
+            "number": a.number,
+            "outcome": a.outcome,
+            "error": a.error,
+            "latency_s": a.latency_s,
+            "prompt_tokens": a.prompt_tokens,
+            "completion_tokens": a.completion_tokens,
+        }
+        for a in result.attempts
+    ]
 
 
 def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:

@@ -30,13 +30,11 @@ class Runtime:
         migrate = settings.auto_migrate if settings.auto_migrate is not None else url.startswith("sqlite")
         if migrate:
             upgrade(url)
-        # A unit thread holds a connection only for short transactions, never across a
-        # judge call, so a pool well below the thread count serves it. SQLite has no
-        # server-side limit, so there every thread gets one (none ever waits).
-        if url.startswith("sqlite"):
-            pool = settings.judge_concurrency + 4
-        else:
-            pool = max(2, min(settings.judge_concurrency + 2, settings.database_pool_size))
+        # Units run as coroutines; only the engine's database threads (and the API's
+        # request threads) hold connections, for short transactions, never across a
+        # judge call.
+        db_threads = settings.database_threads
+        pool = max(2, min(db_threads + 4, settings.database_pool_size))
         db = Database(url, pool)
         judge = judge or build_judge(settings)
         if dispatcher is None:
@@ -46,7 +44,7 @@ class Runtime:
 
                 dispatcher = CeleryDispatcher(create_celery(settings))
             else:
-                dispatcher = InProcessDispatcher(settings.judge_concurrency)
+                dispatcher = InProcessDispatcher()
         pipeline = Pipeline(
             db,
             judge,
@@ -54,9 +52,11 @@ class Runtime:
             default_failure_policy=settings.on_judge_failure,
             lease_s=settings.lease_s,
             claims=settings.distributed,
+            judge_concurrency=settings.judge_concurrency,
+            db_threads=db_threads,
         )
         if isinstance(dispatcher, InProcessDispatcher):
-            dispatcher.bind(pipeline.run_unit, pipeline.run_aggregation)
+            dispatcher.bind(pipeline.submit_units, pipeline.submit_aggregation)
             resumed = pipeline.resume()
             if resumed:
                 log.info("resumed %d unfinished work units", resumed)
@@ -66,5 +66,6 @@ class Runtime:
         self.pipeline.stop()
         if isinstance(self.dispatcher, InProcessDispatcher):
             self.dispatcher.shutdown()
+        self.pipeline.engine.close()
         self.judge.close()
         self.db.dispose()
