@@ -18,7 +18,9 @@ def configure_logging(settings: Settings, *, quiet: bool = False) -> None:
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if settings.log_format == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        # Plain tracebacks: the rich default renders every frame's locals, which here
+        # hold prompts with pages of text, at a CPU cost above a judge call's.
+        else structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     )
     shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,

@@ -29,6 +29,7 @@ import structlog
 from sqlalchemy import CursorResult, delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
 
 from drcredit import metrics
 from drcredit.domain.advantages import group_advantages
@@ -57,7 +58,7 @@ from drcredit.scoring.engine import BatchWriter, Engine
 from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, renew_leases, store_judgments
-from drcredit.storage.database import Database
+from drcredit.storage.database import Database, is_lock_conflict
 
 log = logging.getLogger("drcredit.pipeline")
 R = TypeVar("R", VisitVerdict, SnippetVerdict)
@@ -627,6 +628,7 @@ class Pipeline:
         """Take the units' leases, count the delivery and read where each left off."""
         out: dict[int, Claimed | UnitOutcome] = {i: "noop" for i in unit_ids}
         with self.db.session() as s:
+            _lock_groups(s, set(s.scalars(select(m.WorkUnit.group_pk).where(m.WorkUnit.id.in_(unit_ids)))))
             units = s.scalars(
                 select(m.WorkUnit).where(m.WorkUnit.id.in_(unit_ids)).order_by(m.WorkUnit.id).with_for_update()
             ).all()
@@ -1033,6 +1035,18 @@ class Pipeline:
         return await self._writer.put(_Write(JudgmentRow(values, _attempt_rows(result, cached))))
 
     def _write_batch(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
+        """:meth:`_write_batch_once`, run again when the server aborted it to break a deadlock."""
+        for attempt in Retrying(
+            stop=stop_after_attempt(8),
+            wait=wait_random(0.005, 0.05),
+            retry=retry_if_exception(is_lock_conflict),
+            reraise=True,
+        ):
+            with attempt:
+                return self._write_batch_once(writes)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _write_batch_once(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
         """Store judgments, renew leases and finish units, for many chains in one transaction.
 
         A judgment another delivery already stored is reported ``duplicate`` without
@@ -1041,6 +1055,9 @@ class Pipeline:
         outcomes: list[StoreOutcome] = ["stored"] * len(writes)
         flipped: list[int] = []
         with self.db.session() as s:
+            # Group rows first, in id order, as every transaction that touches groups and
+            # units does: concurrent writers then queue instead of deadlocking.
+            _lock_groups(s, {w.finish[1] for w in writes if w.finish} | {w.release[0][0] for w in writes if w.release})
             judged = [(i, w) for i, w in enumerate(writes) if w.judgment is not None]
             if judged:
                 stored = store_judgments(s, [w.judgment for _, w in judged])  # type: ignore[misc]
@@ -1310,6 +1327,17 @@ def _rubric(content: GroupContent, rubric_id: str) -> Rubric:
         if rubric.id == rubric_id:
             return rubric
     raise KeyError(rubric_id)
+
+
+def _lock_groups(s: Session, group_pks: set[int]) -> None:
+    """Lock group rows in id order (FOR NO KEY UPDATE: inserts referencing them still pass)."""
+    if group_pks:
+        s.execute(
+            select(m.Group.id)
+            .where(m.Group.id.in_(sorted(group_pks)))
+            .order_by(m.Group.id)
+            .with_for_update(key_share=True)
+        )
 
 
 def _aggregation_flip(group_pks: Sequence[int]) -> Any:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -86,3 +87,12 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """A transaction the server aborted to break a deadlock or a serialization conflict.
+
+    Nothing of it was committed, so running it again is safe.
+    """
+    orig = getattr(exc, "orig", None)
+    return isinstance(orig, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure))
