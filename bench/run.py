@@ -252,6 +252,22 @@ def naive_calls(groups: list[dict[str, Any]]) -> int:
     return total
 
 
+def calls_saved(credits: dict[str, Any]) -> dict[str, int]:
+    """Judgments made without a judge call, by reason, from the credits breakdown."""
+    saved = {"deterministic_zero": 0, "saturation_skip": 0, "twin_reuse": 0}
+    for doc in credits.values():
+        for rollout in doc["rollouts"]:
+            for turn in rollout["turns"]:
+                for j in turn.get("judgments", []):
+                    if j["status"] == "deterministic":
+                        saved["deterministic_zero"] += 1
+                    elif j["status"] == "skipped":
+                        saved["saturation_skip"] += 1
+                    elif j.get("cache_hit"):
+                        saved["twin_reuse"] += 1
+    return saved
+
+
 def max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     worst = 0.0
     for gid, doc in b.items():
@@ -382,6 +398,7 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
         "judge_calls_embedded": emb.judge["requests"],
         "judge_calls_baseline": base_stats["requests"],
         "judge_calls_naive": naive,
+        "judge_calls_saved_by": calls_saved(dist.credits),
         "calls_ratio_to_naive": dist.judge["requests"] / naive,
         "judge_calls_per_trajectory": dist.judge["requests"] / rollouts,
         "prompt_tokens": dist.judge["prompt_tokens"],
@@ -524,6 +541,8 @@ def table(results: dict[str, Any]) -> str:
             f"  judge calls            {s['judge_calls']} (embedded {s['judge_calls_embedded']}, baseline"
             f" {s['judge_calls_baseline']}, naive {s['judge_calls_naive']}: {s['calls_ratio_to_naive']:.3f}x naive);"
             f" {s['judge_calls_per_trajectory']:.1f} per trajectory; {s['prompt_tokens']} prompt tokens",
+            "  calls saved by         "
+            + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in s["judge_calls_saved_by"].items()),
             f"  peak judge concurrency {s['peak_judge_concurrency']}",
             f"  ingest                 {s['ingest_s']:.2f} s ({s['ingest_groups_per_s']:.1f} groups/s)",
             f"  fetch advantages       p50 {s['fetch_advantages_ms']['p50']:.1f} ms, p95"
@@ -555,7 +574,7 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=0.0, help="lognormal sigma of the judge latency (0: fixed)")
     parser.add_argument("--page-tokens", type=int, default=2000)
     parser.add_argument("--visit-workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=512, help="threads per visit worker")
+    parser.add_argument("--concurrency", type=int, default=512, help="judge calls in flight per visit worker")
     parser.add_argument("--embedded-concurrency", type=int, default=1024)
     parser.add_argument("--baseline-concurrency", type=int, default=4096)
     parser.add_argument("--dispatch-groups", type=int, default=8)

@@ -39,6 +39,10 @@ import pytest
 import yaml
 from check_jsonschema.builtin_schemas import get_builtin_schema
 
+from drcredit_aggregator.config import WORKER as AGGREGATOR_WORKER
+from drcredit_snippet_matcher.config import WORKER as SNIPPET_WORKER
+from drcredit_visit_judge.config import WORKER as VISIT_WORKER
+
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -52,7 +56,8 @@ K8S_VERSION = "1.33"
 
 # --- Contracts with the application code: CLI, queue names, ports ----------
 # queue name -> worker --concurrency
-QUEUES = {"visit_judge": 64, "snippet_matcher": 32, "credit_aggregator": 4}
+#: Each service's queue and the --concurrency its manifests run it with: its config.py.
+QUEUES = {c.queue: c.concurrency for c in (VISIT_WORKER, SNIPPET_WORKER, AGGREGATOR_WORKER)}
 # compose service name of the worker consuming each queue
 WORKER_SERVICES = {
     "visit-judge": "visit_judge",

@@ -21,6 +21,7 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -374,6 +375,8 @@ class Pipeline:
         statement per table, not one ORM object per row, keeps ingest a fraction of a
         step's critical path.
         """
+        if not items:
+            return  # a streaming group opened with no rollout yet
         params = params_of(group)
         rollout_pks = {
             rollout_id: pk
@@ -457,7 +460,8 @@ class Pipeline:
                     self._add_skipped(s, group.id, rollout.id, task.turn_index)
                     skipped.append(task.turn_index)
             group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
-        s.execute(insert(m.Turn), turns)
+        if turns:
+            s.execute(insert(m.Turn), turns)
         if judgments:
             s.execute(insert(m.Judgment), judgments)
             metrics.DETERMINISTIC_ZEROS.inc(len(judgments))
@@ -1151,7 +1155,7 @@ class Pipeline:
                 received, params = group.rollouts_received, params_of(group)
             else:
                 received, params = known_state
-            content = self.content(group_pk, received)
+            content = self.content(group_pk, received, session=s)
             rollout = content.rollout(rollout_id)
             plan = self._plan(group_pk, received, content, rollout, params)
             n_rubrics = len(content.positive_rubrics)
@@ -1272,15 +1276,22 @@ class Pipeline:
         with self._cache_lock:
             return self._content_cache.get((group_pk, rollouts_received))
 
-    def content(self, group_pk: int, rollouts_received: int | None = None) -> GroupContent:
-        """The group's validated content, cached per (group, rollouts received)."""
+    def content(
+        self, group_pk: int, rollouts_received: int | None = None, session: Session | None = None
+    ) -> GroupContent:
+        """The group's validated content, cached per (group, rollouts received).
+
+        A content with more rollouts holds the earlier ones unchanged, so it also serves
+        a request for fewer. ``session``: read in the caller's transaction (a writer
+        holding SQLite's write lock must not wait on a second connection of its own).
+        """
         if rollouts_received is not None:
             cached = self._cached_content(group_pk, rollouts_received)
             if cached is not None:
                 return cached
         with self._cache_lock:
             load_lock = self._load_locks.setdefault(group_pk, threading.Lock())
-        with load_lock, self.db.session() as s:
+        with load_lock, nullcontext(session) if session is not None else self.db.session() as s:
             group = s.get(m.Group, group_pk)
             if group is None:
                 raise NotFound(f"group {group_pk} not found")
@@ -1293,6 +1304,8 @@ class Pipeline:
             content = content_of(group)
             with self._cache_lock:
                 self._content_cache[cache_key] = content
+                if rollouts_received is not None and rollouts_received < group.rollouts_received:
+                    self._content_cache[(group_pk, rollouts_received)] = content
                 while len(self._content_cache) > 256:
                     evicted, _ = self._content_cache.popitem(last=False)
                     if not any(k[0] == evicted[0] for k in self._content_cache):
