@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import TypeAdapter
 
 from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric
@@ -16,17 +17,32 @@ _RUBRICS = TypeAdapter(list[Rubric])
 
 
 def canonical_hash(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """SHA-256 of the value's canonical JSON (sorted keys, compact, UTF-8)."""
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def group_hash(group: GroupIn) -> str:
+@dataclass(frozen=True)
+class Dumped:
+    """A group's rollouts as JSON documents, dumped once for hashing and storage."""
+
+    rollouts: dict[str, dict[str, Any]]
+
+    @classmethod
+    def of(cls, group: GroupContent | GroupIn) -> Dumped:
+        return cls({r.id: r.model_dump(mode="json") for r in group.rollouts})
+
+    def rollout_hash(self, rollout_id: str) -> str:
+        return canonical_hash(self.rollouts[rollout_id])
+
+
+def group_hash(group: GroupIn, dumped: Dumped | None = None) -> str:
     """What makes two posts of one ``group_id`` the same group (metadata is not scored)."""
+    dumped = dumped or Dumped.of(group)
     return canonical_hash(
         {
             "question": group.question,
             "rubrics": [r.model_dump(mode="json") for r in group.rubrics],
-            "rollouts": [r.model_dump(mode="json") for r in group.rollouts],
+            "rollouts": [dumped.rollouts[r.id] for r in group.rollouts],
             "params": group.params.model_dump(mode="json"),
             "expected_rollouts": group.expected_rollouts,
         }

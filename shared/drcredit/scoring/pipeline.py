@@ -53,7 +53,7 @@ from drcredit.domain.verdicts import (
     VisitVerdict,
 )
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
-from drcredit.scoring.content import canonical_hash, content_of, group_hash, params_of, rollout_hash
+from drcredit.scoring.content import Dumped, canonical_hash, content_of, group_hash, params_of, rollout_hash
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import BatchWriter, Engine
 from drcredit.scoring.errors import Conflict, NotFound
@@ -99,7 +99,6 @@ class Claimed:
     turn_index: int
     dedupe_turns: frozenset[int]
     params: ScoringParams
-    rollouts_received: int
     done: frozenset[int]
     history: tuple[str, ...]
     snippet_done: bool
@@ -125,8 +124,8 @@ class _Write:
     lease: tuple[int, str] | None = None
     finish: tuple[int, int] | None = None
     #: (group, rollout) whose waiting snippet calls this judgment may decide, with the
-    #: rollouts received and params of the chain that made it.
-    release: tuple[tuple[int, str], tuple[int, ScoringParams]] | None = None
+    #: group's params.
+    release: tuple[tuple[int, str], ScoringParams] | None = None
 
 
 class Pipeline:
@@ -154,14 +153,13 @@ class Pipeline:
         self.judge = judge
         self.dispatcher = dispatcher
         self.default_failure_policy = default_failure_policy
-        self._content_cache: OrderedDict[tuple[int, int], GroupContent] = OrderedDict()
+        #: Content per (group, rollout): a message carries one rollout's units, which
+        #: share it; the lock guards the dict across the engine's database threads.
+        self._content_cache: OrderedDict[tuple[int, str], GroupContent] = OrderedDict()
         self._cache_lock = threading.Lock()
-        #: One lock per group being loaded, so that a hundred chains of a new group
-        #: starting at once validate its content once, not a hundred times.
-        self._load_locks: dict[int, threading.Lock] = {}
         #: Rollouts with no waiting snippet call left (units never return to waiting).
         self._no_waiting: set[tuple[int, str]] = set()
-        self._plans: OrderedDict[tuple[int, int, str], RolloutPlan] = OrderedDict()
+        self._plans: OrderedDict[tuple[int, str], RolloutPlan] = OrderedDict()
         #: Judge requests in flight on the engine loop (only touched from that loop).
         self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
         self._stopping = threading.Event()
@@ -251,7 +249,9 @@ class Pipeline:
     def submit_batch(self, tenant: str, batch: BatchIn) -> tuple[str, list[Submitted], bool]:
         """Store a batch's groups in one transaction, then start them; idempotent on batch_id."""
         groups = [self.resolve(g) for g in batch.groups]
-        digest = canonical_hash([group_hash(g) for g in groups] + [g.group_id for g in groups])
+        dumped = [Dumped.of(g) for g in groups]
+        hashes = [group_hash(g, d) for g, d in zip(groups, dumped, strict=True)]
+        digest = canonical_hash(hashes + [g.group_id for g in groups])
         batch_id = batch.batch_id or uuid.uuid4().hex
         with self.db.session() as s:
             existing = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
@@ -268,16 +268,29 @@ class Pipeline:
             row = m.Batch(tenant=tenant, batch_id=batch_id, content_hash=digest, group_ids=[])
             s.add(row)
             s.flush()
-            submitted = [self._store_group(s, tenant, g, row.id, i) for i, g in enumerate(groups)]
+            submitted = [
+                self._store_group(s, tenant, g, row.id, i, prepared=(d, h))
+                for i, (g, d, h) in enumerate(zip(groups, dumped, hashes, strict=True))
+            ]
             row.group_ids = [x.group_id for x in submitted]
         self.start(submitted)
         return batch_id, submitted, True
 
     def _store_group(
-        self, s: Session, tenant: str, group: GroupIn, batch_pk: int | None, position: int | None
+        self,
+        s: Session,
+        tenant: str,
+        group: GroupIn,
+        batch_pk: int | None,
+        position: int | None,
+        prepared: tuple[Dumped, str] | None = None,
     ) -> Submitted:
+        """Store a group; ``prepared``: its rollouts' JSON and its hash, when already made."""
         group = self.resolve(group)
-        digest = group_hash(group)
+        dumped, digest = prepared or (None, None)
+        if dumped is None or digest is None:
+            dumped = Dumped.of(group)
+            digest = group_hash(group, dumped)
         if group.group_id is not None:
             existing = s.scalar(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group.group_id))
             if existing is not None:
@@ -315,6 +328,7 @@ class Pipeline:
             s,
             row,
             group,
+            dumped,
             [
                 _RolloutToStore(position_, rollout, plans[rollout.id], sigs[rollout.id], twins[rollout.id])
                 for position_, rollout in enumerate(group.rollouts)
@@ -360,14 +374,20 @@ class Pipeline:
             for earlier in s.scalars(select(m.Rollout.signatures).where(m.Rollout.group_pk == row.id)):
                 seen.update(earlier or {})
             twins = {t for sig, turns in sigs.items() if sig in seen for t in turns}
-            self._store_rollouts(s, row, content, [_RolloutToStore(row.rollouts_received, rollout, plan, sigs, twins)])
+            self._store_rollouts(
+                s,
+                row,
+                content,
+                Dumped({rollout.id: rollout.model_dump(mode="json")}),
+                [_RolloutToStore(row.rollouts_received, rollout, plan, sigs, twins)],
+            )
             submitted = Submitted(row.id, row.group_id, row.status, True)
         self._dispatch_queued(row.id)
         self._maybe_aggregate(row.id)
         return submitted, True
 
     def _store_rollouts(
-        self, s: Session, group: m.Group, content: GroupContent, items: Sequence[_RolloutToStore]
+        self, s: Session, group: m.Group, content: GroupContent, dumped: Dumped, items: Sequence[_RolloutToStore]
     ) -> None:
         """Store rollouts, their turns, deterministic zeros and work units with bulk inserts.
 
@@ -387,7 +407,7 @@ class Pipeline:
                         "group_pk": group.id,
                         "position": item.position,
                         "rollout_id": item.rollout.id,
-                        "content_hash": rollout_hash(item.rollout),
+                        "content_hash": dumped.rollout_hash(item.rollout.id),
                         "outcome_reward": item.rollout.outcome_reward,
                         "signatures": item.signatures,
                         "arrived_at": now(),
@@ -407,10 +427,10 @@ class Pipeline:
                 {
                     "rollout_pk": rollout_pks[rollout.id],
                     "index": i,
-                    "type": turn.type,
-                    "body": turn.model_dump(mode="json"),
+                    "type": body["type"],
+                    "body": body,
                 }
-                for i, turn in enumerate(rollout.turns)
+                for i, body in enumerate(dumped.rollouts[rollout.id]["turns"])
             )
             judgments.extend(
                 {
@@ -704,7 +724,6 @@ class Pipeline:
                     turn_index=unit.turn_index or 0,
                     dedupe_turns=frozenset(unit.dedupe_turns or ()),
                     params=params_of(group),
-                    rollouts_received=group.rollouts_received,
                     done=frozenset(done.get(chain, ())),
                     history=tuple(history.get(chain, ())),
                     snippet_done=(unit.group_pk, unit.rollout_id, unit.turn_index or 0) in snippets_done,
@@ -720,17 +739,16 @@ class Pipeline:
                 .values(status="queued", lease_owner=None, lease_expires_at=None)
             )
 
-    async def _acontent(self, group_pk: int, received: int) -> GroupContent:
-        cached = self._cached_content(group_pk, received)
+    async def _acontent(self, group_pk: int, rollout_id: str) -> GroupContent:
+        with self._cache_lock:
+            cached = self._content_cache.get((group_pk, rollout_id))
         if cached is not None:
             return cached
-        return await self.engine.db(self.content, group_pk, received)
+        return await self.engine.db(self.rollout_content, group_pk, rollout_id)
 
-    def _plan(
-        self, group_pk: int, received: int, content: GroupContent, rollout: Rollout, params: ScoringParams
-    ) -> RolloutPlan:
+    def _plan(self, group_pk: int, content: GroupContent, rollout: Rollout, params: ScoringParams) -> RolloutPlan:
         """A rollout's plan, computed once per process for all its units."""
-        key = (group_pk, received, rollout.id)
+        key = (group_pk, rollout.id)
         plan = self._plans.get(key)
         if plan is None:
             plan = plan_rollout(content, rollout, params)
@@ -741,10 +759,10 @@ class Pipeline:
 
     async def _arun_visit_chain(self, unit: Claimed, owner: str) -> UnitOutcome:
         group_pk, params = unit.group_pk, unit.params
-        content = await self._acontent(group_pk, unit.rollouts_received)
+        content = await self._acontent(group_pk, unit.rollout_id)
         rollout = content.rollout(unit.rollout_id)
         rubric = _rubric(content, unit.rubric_id)
-        plan = self._plan(group_pk, unit.rollouts_received, content, rollout, params)
+        plan = self._plan(group_pk, content, rollout, params)
         chain = next(c for c in plan.chains if c.rubric_id == rubric.id)
         # Visits whose credit decides a waiting snippet call: after judging one of them
         # the snippet calls of the rollout are reconsidered.
@@ -774,7 +792,7 @@ class Pipeline:
             key = prompt.cache_key(self.judge.model)
             release = None
             if t in deciders and (group_pk, rollout.id) not in self._no_waiting:
-                release = ((group_pk, rollout.id), (unit.rollouts_received, params))
+                release = ((group_pk, rollout.id), params)
             store = functools.partial(
                 self._store_visit,
                 group_pk,
@@ -812,9 +830,9 @@ class Pipeline:
     async def _arun_snippet(self, unit: Claimed, owner: str) -> UnitOutcome:
         group_pk, params = unit.group_pk, unit.params
         if not unit.snippet_done:
-            content = await self._acontent(group_pk, unit.rollouts_received)
+            content = await self._acontent(group_pk, unit.rollout_id)
             rollout = content.rollout(unit.rollout_id)
-            plan = self._plan(group_pk, unit.rollouts_received, content, rollout, params)
+            plan = self._plan(group_pk, content, rollout, params)
             task = next(t for t in plan.snippet_tasks if t.turn_index == unit.turn_index)
             request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
             prompt = self.judge.snippet_prompt(request)
@@ -994,7 +1012,7 @@ class Pipeline:
         prior: int,
         key: str,
         lease: tuple[int, str],
-        release: tuple[tuple[int, str], tuple[int, ScoringParams]] | None,
+        release: tuple[tuple[int, str], ScoringParams] | None,
         result: JudgeResult[VisitVerdict],
         cached: bool,
     ) -> StoreOutcome:
@@ -1110,12 +1128,12 @@ class Pipeline:
             self._maybe_aggregate(group_pk)
 
     def _release_waiting(
-        self, s: Session, rollouts: Mapping[tuple[int, str], tuple[int, ScoringParams] | None]
+        self, s: Session, rollouts: Mapping[tuple[int, str], ScoringParams | None]
     ) -> tuple[list[UnitRef], set[int]]:
         """Queue or skip, in ``s``, the waiting snippet calls whose navigation visits are all judged.
 
-        ``rollouts`` maps (group, rollout) to (rollouts received, params) when the caller
-        knows them (a chain does), else None. Returns the units to dispatch after commit
+        ``rollouts`` maps (group, rollout) to the group's params when the caller knows
+        them (a chain does), else None. Returns the units to dispatch after commit
         and the groups that had a unit finished by a skip.
         """
         pairs = [p for p in rollouts if p not in self._no_waiting]
@@ -1152,12 +1170,12 @@ class Pipeline:
             if known_state is None:
                 group = s.get(m.Group, group_pk)
                 assert group is not None
-                received, params = group.rollouts_received, params_of(group)
+                params = params_of(group)
             else:
-                received, params = known_state
-            content = self.content(group_pk, received, session=s)
+                params = known_state
+            content = self.rollout_content(group_pk, rollout_id, session=s)
             rollout = content.rollout(rollout_id)
-            plan = self._plan(group_pk, received, content, rollout, params)
+            plan = self._plan(group_pk, content, rollout, params)
             n_rubrics = len(content.positive_rubrics)
             known = {
                 t: visit_credit(v, params)[0]
@@ -1272,44 +1290,40 @@ class Pipeline:
 
     # ================================================================== helpers
 
-    def _cached_content(self, group_pk: int, rollouts_received: int) -> GroupContent | None:
-        with self._cache_lock:
-            return self._content_cache.get((group_pk, rollouts_received))
+    def rollout_content(self, group_pk: int, rollout_id: str, session: Session | None = None) -> GroupContent:
+        """The group's question and rubrics with one rollout: all that rollout's units read.
 
-    def content(
-        self, group_pk: int, rollouts_received: int | None = None, session: Session | None = None
-    ) -> GroupContent:
-        """The group's validated content, cached per (group, rollouts received).
-
-        A content with more rollouts holds the earlier ones unchanged, so it also serves
-        a request for fewer. ``session``: read in the caller's transaction (a writer
-        holding SQLite's write lock must not wait on a second connection of its own).
+        Cached per (group, rollout) for the process; a rollout never changes once stored.
+        ``session``: read in the caller's transaction (a writer holding SQLite's write
+        lock must not wait on a second connection of its own).
         """
-        if rollouts_received is not None:
-            cached = self._cached_content(group_pk, rollouts_received)
-            if cached is not None:
-                return cached
+        key = (group_pk, rollout_id)
         with self._cache_lock:
-            load_lock = self._load_locks.setdefault(group_pk, threading.Lock())
-        with load_lock, nullcontext(session) if session is not None else self.db.session() as s:
-            group = s.get(m.Group, group_pk)
-            if group is None:
-                raise NotFound(f"group {group_pk} not found")
-            cache_key = (group_pk, group.rollouts_received)
-            with self._cache_lock:
-                cached = self._content_cache.get(cache_key)
-                if cached is not None:
-                    self._content_cache.move_to_end(cache_key)
-                    return cached
-            content = content_of(group)
-            with self._cache_lock:
-                self._content_cache[cache_key] = content
-                if rollouts_received is not None and rollouts_received < group.rollouts_received:
-                    self._content_cache[(group_pk, rollouts_received)] = content
-                while len(self._content_cache) > 256:
-                    evicted, _ = self._content_cache.popitem(last=False)
-                    if not any(k[0] == evicted[0] for k in self._content_cache):
-                        self._load_locks.pop(evicted[0], None)
+            cached = self._content_cache.get(key)
+            if cached is not None:
+                self._content_cache.move_to_end(key)
+                return cached
+        with nullcontext(session) if session is not None else self.db.session() as s:
+            group = s.execute(select(m.Group.question, m.Group.rubrics).where(m.Group.id == group_pk)).one_or_none()
+            rollout = s.execute(
+                select(m.Rollout.id, m.Rollout.outcome_reward).where(
+                    m.Rollout.group_pk == group_pk, m.Rollout.rollout_id == rollout_id
+                )
+            ).one_or_none()
+            if group is None or rollout is None:
+                raise NotFound(f"rollout {rollout_id!r} of group {group_pk} not found")
+            bodies = s.scalars(select(m.Turn.body).where(m.Turn.rollout_pk == rollout.id).order_by(m.Turn.index)).all()
+        content = GroupContent.model_validate(
+            {
+                "question": group.question,
+                "rubrics": group.rubrics,
+                "rollouts": [{"id": rollout_id, "outcome_reward": rollout.outcome_reward, "turns": bodies}],
+            }
+        )
+        with self._cache_lock:
+            self._content_cache[key] = content
+            while len(self._content_cache) > 4096:
+                self._content_cache.popitem(last=False)
         return content
 
 

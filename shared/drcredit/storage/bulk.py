@@ -11,12 +11,12 @@ SQLite (embedded mode) takes the portable path.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import Table, insert, text, tuple_, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
@@ -60,7 +60,7 @@ def renew_leases(s: Session, leases: Sequence[tuple[int, str]], expires: datetim
     if not leases:
         return set()
     if s.get_bind().dialect.name == "postgresql":
-        payload = json.dumps([{"id": unit_id, "owner": owner} for unit_id, owner in leases])
+        payload = orjson.dumps([{"id": unit_id, "owner": owner} for unit_id, owner in leases]).decode()
         return set(s.scalars(_PG_RENEW, {"leases": payload, "expires": expires, "now": datetime.now(expires.tzinfo)}))
     return set(
         s.scalars(
@@ -143,18 +143,12 @@ RETURNING work_units.id
 )
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
 def _store_postgres(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
     payload = [
         {**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n, "attempts": row.attempts, "points": row.points}
         for n, row in enumerate(rows)
     ]
-    return set(s.scalars(_PG_STORE, {"rows": json.dumps(payload, default=_json_default)}))
+    return set(s.scalars(_PG_STORE, {"rows": orjson.dumps(payload).decode()}))
 
 
 # ----------------------------------------------------------------------------- portable

@@ -198,6 +198,10 @@ def upgrade() -> None:
     sa.UniqueConstraint('rollout_pk', 'index', name=op.f('uq_turns_rollout_pk_index'))
     )
     # ### end Alembic commands ###
+    if op.get_bind().dialect.name == "postgresql":
+        # Turn bodies carry the pages' text (a training step ingests tens of MB): lz4
+        # compresses them at a fraction of the CPU of Postgres's default pglz.
+        op.execute("ALTER TABLE turns ALTER COLUMN body SET COMPRESSION lz4")
 
 
 def downgrade() -> None:
