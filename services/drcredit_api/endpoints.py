@@ -113,7 +113,12 @@ async def post_rollout(group_id: str, rollout: Rollout, tenant: Tenant, rt: Runt
 
 @router.post("/v1/batches", status_code=202, response_model=schemas.BatchAccepted, responses=ERRORS, tags=["ingest"])
 async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
-    """Submit a training step's groups in one call (stored atomically)."""
+    """Submit a training step's groups in one call.
+
+    Every check runs before anything is stored; each group is then stored atomically and
+    starts judging at once, and the batch is visible once all its groups are in.
+    Re-posting the same batch_id is idempotent.
+    """
     batch_id, subs, created = await run_in_threadpool(rt.pipeline.submit_batch, tenant, batch)
     return {
         "batch_id": batch_id,

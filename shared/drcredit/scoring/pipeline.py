@@ -247,34 +247,76 @@ class Pipeline:
         return group.model_copy(update={"params": params})
 
     def submit_batch(self, tenant: str, batch: BatchIn) -> tuple[str, list[Submitted], bool]:
-        """Store a batch's groups in one transaction, then start them; idempotent on batch_id."""
+        """Store a batch's groups and start each as soon as it is stored; idempotent on batch_id.
+
+        Every input check (validation, a group_id taken by other content) runs before
+        anything is written. Each group is then stored in its own transaction and its
+        judging starts at once, so a step's judging overlaps its ingest; the batch row,
+        written last, makes the batch visible. Re-posting after an interruption stores
+        what is missing: the groups already stored are recognised by their group_id.
+        """
         groups = [self.resolve(g) for g in batch.groups]
         dumped = [Dumped.of(g) for g in groups]
         hashes = [group_hash(g, d) for g, d in zip(groups, dumped, strict=True)]
         digest = canonical_hash(hashes + [g.group_id for g in groups])
         batch_id = batch.batch_id or uuid.uuid4().hex
         with self.db.session() as s:
-            existing = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
+            existing = self._existing_batch(s, tenant, batch_id, digest)
             if existing is not None:
-                if existing.content_hash != digest:
-                    raise Conflict(f"batch_id {batch_id!r} already exists with different content")
-                rows = s.execute(
-                    select(m.Group.id, m.Group.group_id, m.Group.status).where(
-                        m.Group.tenant == tenant, m.Group.group_id.in_(existing.group_ids)
-                    )
-                ).all()
-                by_id = {gid: Submitted(pk, gid, st, False) for pk, gid, st in rows}
-                return batch_id, [by_id[g] for g in existing.group_ids], False
-            row = m.Batch(tenant=tenant, batch_id=batch_id, content_hash=digest, group_ids=[])
-            s.add(row)
-            s.flush()
-            submitted = [
-                self._store_group(s, tenant, g, row.id, i, prepared=(d, h))
-                for i, (g, d, h) in enumerate(zip(groups, dumped, hashes, strict=True))
-            ]
-            row.group_ids = [x.group_id for x in submitted]
-        self.start(submitted)
+                return batch_id, existing, False
+            named = {g.group_id: h for g, h in zip(groups, hashes, strict=True) if g.group_id is not None}
+            for group_id, stored_hash in s.execute(
+                select(m.Group.group_id, m.Group.content_hash).where(
+                    m.Group.tenant == tenant, m.Group.group_id.in_(list(named))
+                )
+            ):
+                if stored_hash != named[group_id]:
+                    raise Conflict(f"group_id {group_id!r} already exists with different content")
+        submitted: list[Submitted] = []
+        for i, (group, dump, digest_) in enumerate(zip(groups, dumped, hashes, strict=True)):
+            try:
+                with self.db.session() as s:
+                    sub = self._store_group(s, tenant, group, None, i, prepared=(dump, digest_))
+            except IntegrityError:
+                # A concurrent post of the same group_id won the insert: answer as a re-post.
+                with self.db.session() as s:
+                    sub = self._store_group(s, tenant, group, None, i, prepared=(dump, digest_))
+            self.start([sub])
+            submitted.append(sub)
+        try:
+            with self.db.session() as s:
+                row = m.Batch(
+                    tenant=tenant, batch_id=batch_id, content_hash=digest, group_ids=[x.group_id for x in submitted]
+                )
+                s.add(row)
+                s.flush()
+                s.execute(
+                    update(m.Group)
+                    .where(m.Group.id.in_([x.group_pk for x in submitted if x.created]))
+                    .values(batch_pk=row.id)
+                )
+        except IntegrityError:
+            # A concurrent post of the same batch_id wrote the batch row first.
+            with self.db.session() as s:
+                existing = self._existing_batch(s, tenant, batch_id, digest)
+            assert existing is not None
+            return batch_id, existing, False
         return batch_id, submitted, True
+
+    @staticmethod
+    def _existing_batch(s: Session, tenant: str, batch_id: str, digest: str) -> list[Submitted] | None:
+        existing = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
+        if existing is None:
+            return None
+        if existing.content_hash != digest:
+            raise Conflict(f"batch_id {batch_id!r} already exists with different content")
+        rows = s.execute(
+            select(m.Group.id, m.Group.group_id, m.Group.status).where(
+                m.Group.tenant == tenant, m.Group.group_id.in_(existing.group_ids)
+            )
+        ).all()
+        by_id = {gid: Submitted(pk, gid, st, False) for pk, gid, st in rows}
+        return [by_id[g] for g in existing.group_ids]
 
     def _store_group(
         self,
