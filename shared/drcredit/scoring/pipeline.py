@@ -641,7 +641,7 @@ class Pipeline:
         the others have finished.
         """
         owner = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
-        claims = await self.engine.db(self._claim_units, [r.unit_id for r in refs], owner)
+        claims = await self.engine.db(self._claim_units, refs, owner)
         outcomes = await asyncio.gather(
             *(self._arun_claimed(ref, claims[ref.unit_id], owner) for ref in refs), return_exceptions=True
         )
@@ -690,47 +690,81 @@ class Pipeline:
         if attempts >= MAX_UNIT_ATTEMPTS:
             self.fail_group(ref.group_pk, f"work unit {ref.kind} {ref.unit_id} failed {attempts} times: {exc}")
 
-    def _claim_units(self, unit_ids: Sequence[int], owner: str) -> dict[int, Claimed | UnitOutcome]:
-        """Take the units' leases, count the delivery and read where each left off."""
+    def _claim_units(self, refs: Sequence[UnitRef], owner: str) -> dict[int, Claimed | UnitOutcome]:
+        """Take the units' leases, count the delivery and read where each left off.
+
+        Core statements, not ORM objects: a claim runs once per message, on the hot path.
+        A unit never delivered before has nothing stored, so only a redelivered one
+        reads its stored judgments and support history.
+        """
+        unit_ids = [r.unit_id for r in refs]
         out: dict[int, Claimed | UnitOutcome] = {i: "noop" for i in unit_ids}
+        wu = m.WorkUnit
         with self.db.session() as s:
-            _lock_groups(s, set(s.scalars(select(m.WorkUnit.group_pk).where(m.WorkUnit.id.in_(unit_ids)))))
-            units = s.scalars(
-                select(m.WorkUnit).where(m.WorkUnit.id.in_(unit_ids)).order_by(m.WorkUnit.id).with_for_update()
+            _lock_groups(s, {r.group_pk for r in refs})
+            units = s.execute(
+                select(
+                    wu.id,
+                    wu.group_pk,
+                    wu.rollout_id,
+                    wu.rubric_id,
+                    wu.turn_index,
+                    wu.status,
+                    wu.lease_owner,
+                    wu.lease_expires_at,
+                    wu.dedupe_turns,
+                    wu.attempts,
+                )
+                .where(wu.id.in_(unit_ids))
+                .order_by(wu.id)
+                .with_for_update()
             ).all()
-            groups = {g.id: g for g in s.scalars(select(m.Group).where(m.Group.id.in_({u.group_pk for u in units})))}
-            taken: list[m.WorkUnit] = []
+            groups = {
+                pk: (status, params)
+                for pk, status, params in s.execute(
+                    select(m.Group.id, m.Group.status, m.Group.params).where(
+                        m.Group.id.in_({u.group_pk for u in units})
+                    )
+                )
+            }
+            taken = []
             for unit in units:
                 group = groups.get(unit.group_pk)
                 if unit.status in ("done", "cancelled", "waiting") or group is None:
                     continue  # a waiting snippet call is released by the visits it waits on
-                if group.status not in ("queued", "running"):
+                if group[0] not in ("queued", "running"):
                     continue
                 expires = _aware(unit.lease_expires_at) if unit.lease_expires_at else None
                 if unit.status == "running" and unit.lease_owner and expires is not None and expires > now():
                     out[unit.id] = "busy"
                     continue
-                unit.status = "running"
-                unit.attempts += 1
-                unit.lease_owner = owner
-                unit.lease_expires_at = now() + timedelta(seconds=self.lease_s)
                 taken.append(unit)
-            starting = [
-                g.id for g in groups.values() if g.status == "queued" and any(u.group_pk == g.id for u in taken)
-            ]
+            if not taken:
+                return out
+            s.execute(
+                update(wu)
+                .where(wu.id.in_([u.id for u in taken]))
+                .values(
+                    status="running",
+                    attempts=wu.attempts + 1,
+                    lease_owner=owner,
+                    lease_expires_at=now() + timedelta(seconds=self.lease_s),
+                )
+            )
+            starting = sorted({u.group_pk for u in taken if groups[u.group_pk][0] == "queued"})
             if starting:
                 s.execute(
                     update(m.Group)
                     .where(m.Group.id.in_(starting), m.Group.status == "queued")
                     .values(status="running", started_at=now())
                 )
-            s.flush()
             done: dict[tuple[int, str, str], set[int]] = {}
             history: dict[tuple[int, str, str], list[str]] = {}
             snippets_done: set[tuple[int, str, int]] = set()
-            if taken:
-                group_pks = {u.group_pk for u in taken}
-                rollout_ids = {u.rollout_id for u in taken}
+            resumed = [u for u in taken if u.attempts > 0]
+            if resumed:
+                group_pks = {u.group_pk for u in resumed}
+                rollout_ids = {u.rollout_id for u in resumed}
                 for group_pk, kind, rollout_id, turn_index, rubric_id in s.execute(
                     select(
                         m.Judgment.group_pk,
@@ -755,8 +789,8 @@ class Pipeline:
                     .order_by(m.SupportPoint.position)
                 ):
                     history.setdefault((group_pk, rollout_id, rubric_id), []).append(text)
+            params = {pk: ScoringParams.model_validate(g[1]) for pk, g in groups.items()}
             for unit in taken:
-                group = groups[unit.group_pk]
                 chain = (unit.group_pk, unit.rollout_id, unit.rubric_id or "")
                 out[unit.id] = Claimed(
                     unit_id=unit.id,
@@ -765,7 +799,7 @@ class Pipeline:
                     rubric_id=unit.rubric_id or "",
                     turn_index=unit.turn_index or 0,
                     dedupe_turns=frozenset(unit.dedupe_turns or ()),
-                    params=params_of(group),
+                    params=params[unit.group_pk],
                     done=frozenset(done.get(chain, ())),
                     history=tuple(history.get(chain, ())),
                     snippet_done=(unit.group_pk, unit.rollout_id, unit.turn_index or 0) in snippets_done,
@@ -831,7 +865,9 @@ class Pipeline:
                 visit_index=visit_number[t],
             )
             prompt = self.judge.visit_prompt(request)
-            key = prompt.cache_key(self.judge.model)
+            # The request's key finds an identical request's answer: only a turn that can
+            # have a twin needs one (hashing a prompt with pages costs a judge call's CPU).
+            key = prompt.cache_key(self.judge.model) if t in unit.dedupe_turns else None
             release = None
             if t in deciders and (group_pk, rollout.id) not in self._no_waiting:
                 release = ((group_pk, rollout.id), params)
@@ -847,7 +883,7 @@ class Pipeline:
                 release,
             )
             call = functools.partial(self.judge.ajudge_visit, request, prompt)
-            if t in unit.dedupe_turns:
+            if key is not None:
                 result, stored = await self._judge_once(group_pk, key, "visit", call, store)
             else:
                 result = await self._call_judge(call)
@@ -878,10 +914,10 @@ class Pipeline:
             task = next(t for t in plan.snippet_tasks if t.turn_index == unit.turn_index)
             request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
             prompt = self.judge.snippet_prompt(request)
-            key = prompt.cache_key(self.judge.model)
+            key = prompt.cache_key(self.judge.model) if unit.dedupe_turns else None
             call = functools.partial(self.judge.ajudge_snippets, request, prompt)
             store = functools.partial(self._store_snippet, group_pk, rollout.id, task.turn_index, key)
-            if unit.dedupe_turns:
+            if key is not None:
                 result, _ = await self._judge_once(group_pk, key, "snippet", call, store)
             else:
                 result = await self._call_judge(call)
@@ -1052,7 +1088,7 @@ class Pipeline:
         rubric_id: str,
         turn_index: int,
         prior: int,
-        key: str,
+        key: str | None,
         lease: tuple[int, str],
         release: tuple[tuple[int, str], ScoringParams] | None,
         result: JudgeResult[VisitVerdict],
@@ -1084,7 +1120,7 @@ class Pipeline:
         group_pk: int,
         rollout_id: str,
         turn_index: int,
-        key: str,
+        key: str | None,
         result: JudgeResult[SnippetVerdict],
         cached: bool,
     ) -> StoreOutcome:
@@ -1430,7 +1466,7 @@ def _judgment_values(
     rollout_id: str,
     turn_index: int,
     rubric_id: str,
-    key: str,
+    key: str | None,
     result: JudgeResult[Any],
     cached: bool,
 ) -> dict[str, Any]:
