@@ -41,16 +41,16 @@ def fact_level(fact: str, rubric_id: str) -> int:
 
 
 def visit_answer(doc: dict[str, Any]) -> dict[str, Any]:
-    rubric = doc["rubric"]["id"]
-    prior = set(doc["prior_confirmed_support_points_for_this_rubric"])
+    rubric = doc["rubric_item"]["id"]
+    prior = set(doc["support_already_credited"])
     best, pages, points = 0, [], []
-    for page in doc["current_visit_turn"]["pages"]:
+    for page in doc["visit"]["pages"]:
         for fact in FACT.findall(page["evidence"]):
             point = f"fact {fact} holds"
             level = fact_level(fact, rubric)
             if level and point not in prior and point not in points:
                 best = max(best, level)
-                pages.append(page["page_id"])
+                pages.append(page["id"])
                 points.append(point)
     if not best:
         return {"level": 0, "page_ids": [], "support_points": [], "rationale": "nothing new"}
@@ -59,14 +59,12 @@ def visit_answer(doc: dict[str, Any]) -> dict[str, Any]:
 
 def snippet_answer(doc: dict[str, Any]) -> dict[str, Any]:
     matches, used = [], set()
-    for rubric in doc["rubrics"]:
-        for result in doc["unvisited_search_results"]:
+    for rubric in doc["rubric_items"]:
+        for result in doc["unopened_results"]:
             for m in FACT.finditer(result["snippet"]):
                 if fact_level(m.group(1), rubric["id"]) == 2 and m.group(0) not in used:
                     used.add(m.group(0))
-                    matches.append(
-                        {"rubric_id": rubric["id"], "result_id": result["result_id"], "evidence_quote": m.group(0)}
-                    )
+                    matches.append({"rubric_id": rubric["id"], "result_id": result["id"], "evidence_quote": m.group(0)})
                     break
             else:
                 continue
@@ -103,7 +101,7 @@ class Simulator:
         body = await request.json()
         user = body["messages"][-1]["content"]
         doc = json.loads(user)
-        kind = "visit" if "current_visit_turn" in doc else "snippet"
+        kind = "visit" if "visit" in doc else "snippet"
         self.stats["requests"] += 1
         self.stats[kind] += 1
         if self.error_rate and self.rng.random() < self.error_rate:

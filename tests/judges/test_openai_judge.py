@@ -90,16 +90,14 @@ def test_prompt_is_static_first_and_marks_page_text_as_data() -> None:
     assert visit_call.request["messages"][0] == {"role": "system", "content": VISIT_SYSTEM}
     assert snippet_call.request["messages"][0] == {"role": "system", "content": SNIPPET_SYSTEM}
     keys = list(visit_call.document)
-    assert keys[:4] == ["question", "rubric", "prior_confirmed_support_points_for_this_rubric", "current_visit_turn"]
-    assert visit_call.document["prior_confirmed_support_points_for_this_rubric"] == ["earlier point"]
-    assert visit_call.document["rubric"]["trusted_evidence"] == ["opened 2019"]
+    assert keys[:4] == ["question", "rubric_item", "support_already_credited", "visit"]
+    assert visit_call.document["support_already_credited"] == ["earlier point"]
+    assert visit_call.document["rubric_item"]["reference_facts"] == ["opened 2019"]
     # Only usable pages are shown; the failed page's text never reaches the judge.
-    pages = visit_call.document["current_visit_turn"]["pages"]
-    assert [p["page_id"] for p in pages] == ["W1"]
+    pages = visit_call.document["visit"]["pages"]
+    assert [p["id"] for p in pages] == ["W1"]
     assert "never follow it" in VISIT_SYSTEM and "never follow it" in SNIPPET_SYSTEM
-    assert snippet_call.document["unvisited_search_results"] == [
-        {"result_id": "S1", "snippet": "It opened in 2019 [R1]."}
-    ]
+    assert snippet_call.document["unopened_results"] == [{"id": "S1", "snippet": "It opened in 2019 [R1]."}]
 
 
 def marker_script_wrapper() -> Callable[[Call], Reply]:

@@ -76,9 +76,9 @@ def test_history_makes_repeated_support_worth_nothing(tmp_path: Path, marker_jud
     history = doc["credits"]["rollouts"][0]["support_histories"]["R1"]
     assert [(h["turn_index"], h["text"]) for h in history] == [(0, "fact-1"), (2, "fact-2")]
     # The judge saw a's history as it stood before each visit: the t1 and t2 calls
-    # (the only calls with turn index > 0) carry fact-1 and nothing else.
-    later = [c.document for c in marker_judge.calls if c.document["current_visit_turn"]["research_turn_index"] > 0]
-    assert [d["prior_confirmed_support_points_for_this_rubric"] for d in later] == [["fact-1"], ["fact-1"]]
+    # (the only calls with pages W2 and W3) carry fact-1 and nothing else.
+    later = [c.document for c in marker_judge.calls if c.document["visit"]["pages"][0]["id"] in ("W2", "W3")]
+    assert [d["support_already_credited"] for d in later] == [["fact-1"], ["fact-1"]]
 
 
 def test_without_history_the_judge_sees_no_prior_support(tmp_path: Path, marker_judge: JudgeServer) -> None:
@@ -86,11 +86,7 @@ def test_without_history_the_judge_sees_no_prior_support(tmp_path: Path, marker_
     with runtime(tmp_path, marker_judge) as rt:
         doc = score(rt, g)
     assert levels(doc, "a")[:3] == [{"R1": 2}, {"R1": 2}, {"R1": 2}]
-    assert all(
-        c.document["prior_confirmed_support_points_for_this_rubric"] == []
-        for c in marker_judge.calls
-        if c.kind == "visit"
-    )
+    assert all(c.document["support_already_credited"] == [] for c in marker_judge.calls if c.kind == "visit")
 
 
 def test_deterministic_zeros_and_penalty_rubrics_make_no_call(tmp_path: Path, marker_judge: JudgeServer) -> None:
@@ -180,8 +176,9 @@ def test_chains_run_concurrently_up_to_the_limit(tmp_path: Path) -> None:
     assert 2 <= server.peak_in_flight <= 4
     order: dict[str, list[int]] = {}
     for c in server.calls:
-        order.setdefault(c.document["current_visit_turn"]["pages"][0]["url"].split("/")[-1], []).append(
-            c.document["current_visit_turn"]["research_turn_index"]
+        # Each rollout's pages are W1 then W2: a chain judges them in that order.
+        order.setdefault(c.document["visit"]["pages"][0]["url"].split("/")[-1], []).append(
+            int(c.document["visit"]["pages"][0]["id"][1:])
         )
     assert all(v == sorted(v) for v in order.values())
 
@@ -216,8 +213,8 @@ def test_restart_resumes_without_repeating_answered_calls(tmp_path: Path) -> Non
                 time.sleep(0.1)
         keys = Counter(
             (
-                c.document["current_visit_turn"]["pages"][0]["url"],
-                tuple(c.document["prior_confirmed_support_points_for_this_rubric"]),
+                c.document["visit"]["pages"][0]["url"],
+                tuple(c.document["support_already_credited"]),
             )
             for c in server.calls
         )

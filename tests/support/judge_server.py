@@ -68,7 +68,7 @@ class JudgeServer:
 
 
 def _kind(document: dict[str, Any]) -> str:
-    return "visit" if "current_visit_turn" in document else "snippet"
+    return "visit" if "visit" in document else "snippet"
 
 
 def _app(server: JudgeServer) -> Starlette:
@@ -143,10 +143,10 @@ def marker_answer(call: Call) -> dict[str, Any]:
     """
     doc = call.document
     if call.kind == "visit":
-        rubric = doc["rubric"]["id"]
-        prior = set(doc["prior_confirmed_support_points_for_this_rubric"])
+        rubric = doc["rubric_item"]["id"]
+        prior = set(doc["support_already_credited"])
         best, pages, points = 0, [], []
-        for page in doc["current_visit_turn"]["pages"]:
+        for page in doc["visit"]["pages"]:
             for mark in _MARK.finditer(page["evidence"]):
                 if mark["rubric"] != rubric or mark["point"] in prior or mark["point"] in points:
                     continue
@@ -154,7 +154,7 @@ def marker_answer(call: Call) -> dict[str, Any]:
                 if level == 0:
                     continue
                 best = max(best, level)
-                pages.append(page["page_id"])
+                pages.append(page["id"])
                 points.append(mark["point"])
         if best == 0:
             return {"level": 0, "page_ids": [], "support_points": [], "rationale": "nothing new"}
@@ -165,11 +165,9 @@ def marker_answer(call: Call) -> dict[str, Any]:
             "rationale": "marker",
         }
     matches = []
-    for result in doc["unvisited_search_results"]:
+    for result in doc["unopened_results"]:
         for mark in _SNIP.finditer(result["snippet"]):
-            matches.append(
-                {"rubric_id": mark["rubric"], "result_id": result["result_id"], "evidence_quote": mark.group(0)}
-            )
+            matches.append({"rubric_id": mark["rubric"], "result_id": result["id"], "evidence_quote": mark.group(0)})
     return {"matches": matches}
 
 

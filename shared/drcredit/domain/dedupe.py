@@ -1,8 +1,9 @@
 """Which judge requests of a group could be identical to another (pure planning).
 
 A visit request is identical to another only if everything but the history already
-matches: same rubric, same turn position and the same turn (reasoning, call, usable
-pages); a snippet request only if its eligible results match. Requests with no such
+matches: same rubric and the same turn (reasoning, call, usable pages with their ids),
+wherever the turn sits in its rollout; a snippet request only if its eligible results
+match. Requests with no such
 twin can never be de-duplicated, so the pipeline skips the lookup and the claim for
 them and pays those database round trips only where they can save a judge call.
 """
@@ -22,14 +23,12 @@ def _digest(value: object) -> str:
     return hashlib.blake2b(json.dumps(value, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def visit_signature(rollout: Rollout, turn_index: int, visit_index: int) -> str:
+def visit_signature(rollout: Rollout, turn_index: int) -> str:
     """The rubric-independent part of a visit request that must match for a twin."""
     turn = rollout.turns[turn_index]
     assert isinstance(turn, VisitTurn)
     return _digest(
         [
-            turn_index,
-            visit_index,
             turn.reasoning,
             list(turn.call.urls),
             turn.call.goal,
@@ -45,10 +44,9 @@ def snippet_signature(eligible: Iterable[SearchResult]) -> str:
 def signatures(rollout: Rollout, plan: RolloutPlan) -> dict[str, list[int]]:
     """Signature -> the rollout's turn indices carrying it (visits and snippet tasks)."""
     out: dict[str, list[int]] = {}
-    visits = [i for i, t in enumerate(rollout.turns) if isinstance(t, VisitTurn)]
     chain = plan.chains[0].turn_indices if plan.chains else ()
     for t in chain:
-        out.setdefault("v" + visit_signature(rollout, t, visits.index(t)), []).append(t)
+        out.setdefault("v" + visit_signature(rollout, t), []).append(t)
     for task in plan.snippet_tasks:
         out.setdefault("s" + snippet_signature(task.eligible), []).append(task.turn_index)
     return out

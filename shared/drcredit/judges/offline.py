@@ -130,17 +130,17 @@ class OfflineJudge(Judge):
         )
 
     def _visit(self, doc: dict[str, Any]) -> dict[str, Any]:
-        rubric = doc["rubric"]
-        target = content_words(rubric["description"] + " " + " ".join(rubric["trusted_evidence"]))
-        known = set().union(*(content_words(p) for p in doc["prior_confirmed_support_points_for_this_rubric"]))
+        rubric = doc["rubric_item"]
+        target = content_words(rubric["description"] + " " + " ".join(rubric["reference_facts"]))
+        known = set().union(*(content_words(p) for p in doc["support_already_credited"]))
         if not target:
             return {"level": 0, "page_ids": [], "support_points": [], "rationale": "rubric has no content words"}
         scored: list[tuple[float, int, str, str]] = []
-        for order, page in enumerate(doc["current_visit_turn"]["pages"]):
+        for order, page in enumerate(doc["visit"]["pages"]):
             for sentence in sentences(page["evidence"]):
                 new_hits = (content_words(sentence) & target) - known
                 if len(new_hits) >= 2:
-                    scored.append((len(new_hits) / len(target), -order, page["page_id"], sentence))
+                    scored.append((len(new_hits) / len(target), -order, page["id"], sentence))
         if not scored:
             return {"level": 0, "page_ids": [], "support_points": [], "rationale": "no new overlap with the rubric"}
         scored.sort(key=lambda s: (-s[0], -s[1]))
@@ -160,12 +160,12 @@ class OfflineJudge(Judge):
     def _snippets(self, doc: dict[str, Any]) -> dict[str, Any]:
         matches: list[dict[str, str]] = []
         used_quotes: set[str] = set()
-        for rubric in doc["rubrics"]:
+        for rubric in doc["rubric_items"]:
             target = content_words(rubric["description"])
             if not target:
                 continue
             best: tuple[int, str, str] | None = None
-            for result in doc["unvisited_search_results"]:
+            for result in doc["unopened_results"]:
                 for sentence in sentences(result["snippet"]):
                     hits = len(content_words(sentence) & target)
                     if (
@@ -173,7 +173,7 @@ class OfflineJudge(Judge):
                         and sentence not in used_quotes
                         and (best is None or hits > best[0])
                     ):
-                        best = (hits, result["result_id"], sentence)
+                        best = (hits, result["id"], sentence)
             if best is not None:
                 used_quotes.add(best[2])
                 matches.append({"rubric_id": rubric["id"], "result_id": best[1], "evidence_quote": best[2]})

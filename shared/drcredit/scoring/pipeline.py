@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import structlog
-from sqlalchemy import CursorResult, delete, insert, select, tuple_, update
+from sqlalchemy import CursorResult, Table, bindparam, delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
@@ -1318,20 +1318,34 @@ class Pipeline:
                 group.status, group.error, group.finished_at = "failed", reason, now()
                 metrics.GROUPS_FINISHED.labels("failed").inc()
                 return
+            # Core executemany (one prepared statement per table), not ORM attribute
+            # sets: a group has hundreds of turns and this runs on the aggregator's
+            # hot path.
             rollouts = {r.rollout_id: r for r in group.rollouts}
+            rollout_rows: list[dict[str, Any]] = []
+            turn_rows: list[dict[str, Any]] = []
             for rc, ra in zip(credits, advantages.rollouts, strict=True):
                 rollout_row = rollouts[rc.rollout_id]
-                rollout_row.outcome_advantage = ra.outcome_advantage
+                rollout_rows.append({"pk": rollout_row.id, "outcome_advantage": ra.outcome_advantage})
                 for turn_row, tc, ta in zip(rollout_row.turns, rc.turns, ra.turns, strict=True):
-                    turn_row.credit = tc.credit
-                    turn_row.visit_credit = tc.visit_credit
-                    turn_row.visit_credit_uncapped = tc.visit_credit_uncapped
-                    turn_row.navigation_credit = tc.navigation_credit
-                    turn_row.snippet_credit = tc.snippet_credit
-                    turn_row.snippet_matches = tc.snippet_matches
-                    turn_row.normalized_credit = ta.normalized_credit
-                    turn_row.process_advantage = ta.process_advantage
-                    turn_row.advantage = ta.advantage
+                    turn_rows.append(
+                        {
+                            "pk": turn_row.id,
+                            "credit": tc.credit,
+                            "visit_credit": tc.visit_credit,
+                            "visit_credit_uncapped": tc.visit_credit_uncapped,
+                            "navigation_credit": tc.navigation_credit,
+                            "snippet_credit": tc.snippet_credit,
+                            "snippet_matches": tc.snippet_matches,
+                            "normalized_credit": ta.normalized_credit,
+                            "process_advantage": ta.process_advantage,
+                            "advantage": ta.advantage,
+                        }
+                    )
+            turns_table: Table = m.Turn.__table__  # type: ignore[assignment]
+            rollouts_table: Table = m.Rollout.__table__  # type: ignore[assignment]
+            s.connection().execute(update(turns_table).where(turns_table.c.id == bindparam("pk")), turn_rows)
+            s.connection().execute(update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")), rollout_rows)
             st = advantages.stats
             group.stats = {
                 "mu_rg": st.mu_rg,
