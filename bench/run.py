@@ -212,31 +212,34 @@ def start_worker(stack: Stack, env: dict[str, str], queues: str, concurrency: in
 # ----------------------------------------------------------------------------- workload facts
 
 
-def critical_path_calls(groups: list[dict[str, Any]], credits: dict[str, Any]) -> int:
-    """Longest chain of dependent judge calls in the step.
+def rollout_critical_path(group: GroupIn, rollout: Any, turns: list[dict[str, Any]]) -> int:
+    """A rollout's longest chain of dependent judge calls, from its credits breakdown.
 
-    A rollout's visit chains are as long as its judged visits (every rubric's chain has
-    them all); a snippet call that was made waits for the visits whose credit decides
-    its saturation, so its depth is the chain position of the last of them plus one.
+    Its visit chains are as long as its judged visits (every rubric's chain has them
+    all); a snippet call that was made waits for the visits whose credit decides its
+    saturation, so its depth is the chain position of the last of them plus one.
     """
+    plan = plan_rollout(group, rollout, group.params)
+    chain = plan.chains[0].turn_indices if plan.chains else ()
+    position = {t: k + 1 for k, t in enumerate(chain)}
+    depth = len(chain)
+    for task in plan.snippet_tasks:
+        called = any(
+            j["kind"] == "snippet" and j["status"] in ("ok", "failed") for j in turns[task.turn_index]["judgments"]
+        )
+        if called:
+            depth = max(depth, 1 + max((position.get(v, 0) for v in task.navigation_visits), default=0))
+    return depth
+
+
+def critical_path_calls(groups: list[dict[str, Any]], credits: dict[str, Any]) -> int:
+    """Longest chain of dependent judge calls in the step (see :func:`rollout_critical_path`)."""
     longest = 0
     for doc in groups:
         group = GroupIn.model_validate(doc)
         breakdown = {r["id"]: r for r in credits[doc["group_id"]]["rollouts"]}
         for rollout in group.rollouts:
-            plan = plan_rollout(group, rollout, group.params)
-            chain = plan.chains[0].turn_indices if plan.chains else ()
-            position = {t: k + 1 for k, t in enumerate(chain)}
-            depth = len(chain)
-            turns = breakdown[rollout.id]["turns"]
-            for task in plan.snippet_tasks:
-                called = any(
-                    j["kind"] == "snippet" and j["status"] in ("ok", "failed")
-                    for j in turns[task.turn_index]["judgments"]
-                )
-                if called:
-                    depth = max(depth, 1 + max((position.get(v, 0) for v in task.navigation_visits), default=0))
-            longest = max(longest, depth)
+            longest = max(longest, rollout_critical_path(group, rollout, breakdown[rollout.id]["turns"]))
     return longest
 
 
@@ -471,12 +474,6 @@ def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
     results["dispatch"] = out
 
 
-def own_critical_path(group: GroupIn, rollout: Any) -> int:
-    """A rollout's own chain of dependent judge calls: its visits, then one snippet call."""
-    plan = plan_rollout(group, rollout, group.params)
-    return (len(plan.chains[0].turn_indices) if plan.chains else 0) + (1 if plan.snippet_tasks else 0)
-
-
 def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Rollouts arrive one by one; how long after the last one are the advantages there?
 
@@ -521,13 +518,15 @@ def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None
                         ):
                             pass
                         after = time.perf_counter() - last
+                        credits = client.get(f"{api}/v1/groups/{doc['group_id']}/credits").json()
+                        paths = {
+                            r["id"]: rollout_critical_path(group, by_id[r["id"]], r["turns"])
+                            for r in credits["rollouts"]
+                        }
                         last_id = arrivals[-1][1]
-                        own_s = max(own_critical_path(group, by_id[last_id]), 1) * args.latency
+                        own_s = max(paths[last_id], 1) * args.latency
                         last_at = arrived[last_id]
-                        bound_s = max(
-                            arrived[rid] + own_critical_path(group, by_id[rid]) * args.latency - last_at
-                            for rid in arrived
-                        )
+                        bound_s = max(arrived[rid] + paths[rid] * args.latency - last_at for rid in arrived)
                         samples.append(
                             {
                                 "after_last_s": after,
