@@ -411,6 +411,7 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
         "fetch_advantages_ms": fetch,
         "peak_rss_mb": {**dist.peak_rss_mb, "embedded api": emb.peak_rss_mb.get("api", 0.0)},
         "platform_cpu_s_distributed": dist.cpu_platform_s,
+        "platform_cpu_s_by_process": dist.cpu_by_process_s,
         "judge_sim_cpu_s": dist.cpu_judge_s,
     }
 
@@ -572,6 +573,10 @@ def table(results: dict[str, Any]) -> str:
             f"  fetch advantages       p50 {s['fetch_advantages_ms']['p50']:.1f} ms, p95"
             f" {s['fetch_advantages_ms']['p95']:.1f} ms, p99 {s['fetch_advantages_ms']['p99']:.1f} ms",
             "  peak RSS (MB)          " + ", ".join(f"{k} {v:.0f}" for k, v in s["peak_rss_mb"].items()),
+            f"  platform CPU           {s['platform_cpu_s_distributed']:.1f} s"
+            f" ({1000 * s['platform_cpu_s_distributed'] / s['judge_calls']:.2f} ms per call: "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in s["platform_cpu_s_by_process"].items())
+            + f"); judge simulator {s['judge_sim_cpu_s']:.1f} s",
         ]
     if "dispatch" in results:
         for key, d in results["dispatch"].items():
