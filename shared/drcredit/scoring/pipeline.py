@@ -117,8 +117,8 @@ class _RolloutToStore:
 
 @dataclass(frozen=True)
 class _Write:
-    """One write for the batch writer: a judgment (with the lease to renew) or, with
-    ``finish``, a unit to mark done."""
+    """One write for the batch writer: a judgment (with the lease to renew) and/or, with
+    ``finish``, a unit to mark done (with a judgment: only once it is stored)."""
 
     judgment: JudgmentRow | None = None
     lease: tuple[int, str] | None = None
@@ -871,6 +871,9 @@ class Pipeline:
             release = None
             if t in deciders and (group_pk, rollout.id) not in self._no_waiting:
                 release = ((group_pk, rollout.id), params)
+            # The chain's last judgment finishes the unit in the same transaction (not
+            # under the fail policy: a failed judgment must fail the group first).
+            last = t == chain.turn_indices[-1] and params.on_judge_failure != "fail"
             store = functools.partial(
                 self._store_visit,
                 group_pk,
@@ -881,6 +884,7 @@ class Pipeline:
                 key,
                 (unit.unit_id, owner),
                 release,
+                (unit.unit_id, group_pk) if last else None,
             )
             call = functools.partial(self.judge.ajudge_visit, request, prompt)
             if key is not None:
@@ -902,6 +906,8 @@ class Pipeline:
                     f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}",
                 )
                 return "noop"
+            if last:
+                return "done"
         await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
         return "done"
 
@@ -916,19 +922,30 @@ class Pipeline:
             prompt = self.judge.snippet_prompt(request)
             key = prompt.cache_key(self.judge.model) if unit.dedupe_turns else None
             call = functools.partial(self.judge.ajudge_snippets, request, prompt)
-            store = functools.partial(self._store_snippet, group_pk, rollout.id, task.turn_index, key)
+            # Unless the group fails on this judgment, storing it finishes the unit.
+            fails_group = params.on_judge_failure == "fail"
+            store = functools.partial(
+                self._store_snippet,
+                group_pk,
+                rollout.id,
+                task.turn_index,
+                key,
+                None if fails_group else (unit.unit_id, group_pk),
+            )
             if key is not None:
-                result, _ = await self._judge_once(group_pk, key, "snippet", call, store)
+                result, stored = await self._judge_once(group_pk, key, "snippet", call, store)
             else:
                 result = await self._call_judge(call)
-                await store(result, False)
-            if result.status == "failed" and params.on_judge_failure == "fail":
+                stored = await store(result, False)
+            if result.status == "failed" and fails_group:
                 await self.engine.db(
                     self.fail_group,
                     group_pk,
                     f"snippet judgment failed (rollout {rollout.id}, turn {task.turn_index}): {result.failure_reason}",
                 )
                 return "noop"
+            if stored == "stored" and not fails_group:
+                return "done"
         await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
         return "done"
 
@@ -1091,6 +1108,7 @@ class Pipeline:
         key: str | None,
         lease: tuple[int, str],
         release: tuple[tuple[int, str], ScoringParams] | None,
+        finish: tuple[int, int] | None,
         result: JudgeResult[VisitVerdict],
         cached: bool,
     ) -> StoreOutcome:
@@ -1113,7 +1131,7 @@ class Pipeline:
             if verdict.level > 0:
                 points = list(verdict.support_points)
         row = JudgmentRow(values, _attempt_rows(result, cached), points)
-        return await self._writer.put(_Write(row, lease, release=release))
+        return await self._writer.put(_Write(row, lease, finish=finish, release=release))
 
     async def _store_snippet(
         self,
@@ -1121,6 +1139,7 @@ class Pipeline:
         rollout_id: str,
         turn_index: int,
         key: str | None,
+        finish: tuple[int, int] | None,
         result: JudgeResult[SnippetVerdict],
         cached: bool,
     ) -> StoreOutcome:
@@ -1132,7 +1151,7 @@ class Pipeline:
                 rejected_matches=[{"index": x.index, "match": x.raw, "reason": x.reason} for x in verdict.rejected],
                 match_count=len(verdict.accepted),
             )
-        return await self._writer.put(_Write(JudgmentRow(values, _attempt_rows(result, cached))))
+        return await self._writer.put(_Write(JudgmentRow(values, _attempt_rows(result, cached)), finish=finish))
 
     def _write_batch(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
         """:meth:`_write_batch_once`, run again when the server aborted it to break a deadlock."""
@@ -1170,7 +1189,8 @@ class Pipeline:
                         outcomes[i] = "lost"
             releases = dict(w.release for w in writes if w.release is not None)
             to_dispatch, skipped = self._release_waiting(s, releases) if releases else ([], set())
-            finishing = [w.finish for w in writes if w.finish is not None]
+            # A unit finishes with its last judgment only if that judgment is ours and stored.
+            finishing = [w.finish for i, w in enumerate(writes) if w.finish is not None and outcomes[i] == "stored"]
             if finishing:
                 finished = s.execute(
                     update(m.WorkUnit)
