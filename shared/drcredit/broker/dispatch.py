@@ -28,7 +28,8 @@ class CeleryDispatcher:
         for batch in unit_batches(units):
             first = batch[0]
             name = RUN_VISIT_CHAIN if first.kind == "visit_chain" else MATCH_SNIPPETS
-            self._send(name, [u.unit_id for u in batch], first.group_pk, first.rollout_id)
+            rollouts = {u.rollout_id for u in batch}
+            self._send(name, [u.unit_id for u in batch], first.group_pk, first.rollout_id if len(rollouts) == 1 else "")
 
     def dispatch_aggregation(self, group_pk: int) -> None:
         self._send(AGGREGATE_GROUP, group_pk)

@@ -49,6 +49,10 @@ def current_runtime() -> Runtime:
 def start(settings: Settings, concurrency: int) -> tuple[Celery, Runtime]:
     """Build this process's Celery app and runtime, and start its helper threads."""
     global _runtime
+    if settings.log_level.upper() != "DEBUG":
+        # Celery logs every task's success at INFO: hundreds of lines a second under
+        # load, each rendered, for what the metrics (drcredit_tasks_total) already count.
+        logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
     app = create_celery(settings)
     dispatcher = CeleryDispatcher(app)
     sized = settings.model_copy(update={"judge_concurrency": concurrency})

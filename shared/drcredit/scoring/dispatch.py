@@ -27,14 +27,17 @@ class UnitRef:
 
 
 def unit_batches(units: Sequence[UnitRef], size: int = MAX_UNITS_PER_MESSAGE) -> Iterator[list[UnitRef]]:
-    """Units grouped by (kind, group, rollout), in order, at most ``size`` per batch.
+    """Units grouped into messages, in order, at most ``size`` per message.
 
-    A rollout's chains share its content, plan and stored state, so running them from
-    one message costs one claim transaction and one message instead of one per chain.
+    Visit chains by (group, rollout): a rollout's chains share its content, plan and
+    stored state, so one message costs one claim transaction instead of one per chain.
+    Snippet calls by group: they are released a few at a time as visits are judged,
+    and a message per rollout would carry one call each.
     """
     grouped: dict[tuple[str, int, str], list[UnitRef]] = {}
     for unit in units:
-        grouped.setdefault((unit.kind, unit.group_pk, unit.rollout_id), []).append(unit)
+        rollout = unit.rollout_id if unit.kind == "visit_chain" else ""
+        grouped.setdefault((unit.kind, unit.group_pk, rollout), []).append(unit)
     for refs in grouped.values():
         for start in range(0, len(refs), size):
             yield refs[start : start + size]

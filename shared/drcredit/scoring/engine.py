@@ -100,23 +100,36 @@ class BatchWriter(Generic[Item, Out]):
     """Coalesces writes from many coroutines into one database call per batch.
 
     ``write(items)`` runs on the engine's database pool and returns one result per item.
-    While a batch is being written, new items queue up and form the next batch, so under
-    load each transaction carries many writes and with one chain it adds no delay.
+    While batches are being written, new items queue up and form the next batch, so under
+    load each transaction carries many writes and with one chain it adds no delay. Up to
+    ``concurrency`` batches are written at once, so one slow transaction does not hold
+    up every chain of the process.
     """
 
-    def __init__(self, engine: Engine, write: Callable[[Sequence[Item]], list[Out]], max_batch: int = 500):
+    def __init__(
+        self,
+        engine: Engine,
+        write: Callable[[Sequence[Item]], list[Out]],
+        max_batch: int = 500,
+        concurrency: int = 3,
+    ):
         self.engine = engine
         self._write = write
         self.max_batch = max_batch
+        self.concurrency = concurrency
         self._pending: list[tuple[Item, asyncio.Future[Out]]] = []
-        self._running = False
+        self._running = 0
+        self._drains: set[asyncio.Task[None]] = set()  # referenced until done (not collected)
 
     async def put(self, item: Item) -> Out:
-        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Out] = loop.create_future()
         self._pending.append((item, future))
-        if not self._running:
-            self._running = True
-            asyncio.get_running_loop().create_task(self._drain())
+        if self._running < self.concurrency:
+            self._running += 1
+            drain = loop.create_task(self._drain())
+            self._drains.add(drain)
+            drain.add_done_callback(self._drains.discard)
         return await future
 
     async def _drain(self) -> None:
@@ -134,4 +147,4 @@ class BatchWriter(Generic[Item, Out]):
                     if not future.done():
                         future.set_result(result)
         finally:
-            self._running = False
+            self._running -= 1

@@ -1174,9 +1174,6 @@ class Pipeline:
         outcomes: list[StoreOutcome] = ["stored"] * len(writes)
         flipped: list[int] = []
         with self.db.session() as s:
-            # Group rows first, in id order, as every transaction that touches groups and
-            # units does: concurrent writers then queue instead of deadlocking.
-            _lock_groups(s, {w.finish[1] for w in writes if w.finish} | {w.release[0][0] for w in writes if w.release})
             judged = [(i, w) for i, w in enumerate(writes) if w.judgment is not None]
             if judged:
                 stored = store_judgments(s, [w.judgment for _, w in judged])  # type: ignore[misc]
@@ -1187,6 +1184,11 @@ class Pipeline:
                         outcomes[i] = "duplicate"
                     elif w.lease is not None and w.lease[0] not in kept:
                         outcomes[i] = "lost"
+            # Group rows are locked (in id order, as in every transaction that locks
+            # them) only now, for the short rest of the transaction. The lock also orders
+            # concurrent batches of a group: a release decided after it reads every
+            # judgment committed before, so no waiting snippet call is left behind.
+            _lock_groups(s, {w.finish[1] for w in writes if w.finish} | {w.release[0][0] for w in writes if w.release})
             releases = dict(w.release for w in writes if w.release is not None)
             to_dispatch, skipped = self._release_waiting(s, releases) if releases else ([], set())
             # A unit finishes with its last judgment only if that judgment is ours and stored.
