@@ -296,11 +296,10 @@ class Pipeline:
                 )
                 s.add(row)
                 s.flush()
-                s.execute(
-                    update(m.Group)
-                    .where(m.Group.id.in_([x.group_pk for x in submitted if x.created]))
-                    .values(batch_pk=row.id)
-                )
+                created = {x.group_pk for x in submitted if x.created}
+                # Judging has started: lock the group rows in id order, as the workers do.
+                _lock_groups(s, created)
+                s.execute(update(m.Group).where(m.Group.id.in_(sorted(created))).values(batch_pk=row.id))
         except IntegrityError:
             # A concurrent post of the same batch_id wrote the batch row first.
             with self.db.session() as s:
@@ -584,7 +583,7 @@ class Pipeline:
                     )
                 )
             )
-            for group_pk in stuck:
+            for group_pk in sorted(stuck):
                 _changed(
                     s,
                     update(m.Group)
