@@ -609,7 +609,9 @@ def main() -> None:
     parser.add_argument("--dispatch-groups", type=int, default=8)
     parser.add_argument("--dispatch-concurrency", type=int, default=64)
     parser.add_argument("--stream-groups", type=int, default=3)
-    parser.add_argument("--turn-time", type=float, default=0.25, help="streaming: generation seconds per turn")
+    parser.add_argument(
+        "--turn-time", type=float, default=2.0, help="streaming: seconds per research turn (generation + tool call)"
+    )
     parser.add_argument("--fetches", type=int, default=300)
     parser.add_argument("--sections", default="step,dispatch,streaming")
     parser.add_argument("--seed", type=int, default=0)
