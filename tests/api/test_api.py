@@ -338,3 +338,15 @@ def test_openapi_describes_every_endpoint(client: TestClient) -> None:
     schemas = spec["components"]["schemas"]
     assert {"GroupIn", "Rollout", "ScoringParams", "AdvantagesDocument", "ReplayDocument"} <= set(schemas)
     assert "422" in paths["/v1/groups"]["post"]["responses"]
+
+
+def test_a_batch_with_a_conflicting_group_stores_none_of_its_groups(
+    client: TestClient, marker_judge: JudgeServer
+) -> None:
+    """Every check runs before the first group of a batch is stored."""
+    assert client.post("/v1/groups", json=small_group("taken")).status_code == 202
+    changed = small_group("taken", params={"cap": 0.5})
+    r = client.post("/v1/batches", json={"batch_id": "late-conflict", "groups": [small_group("fresh"), changed]})
+    assert r.status_code == 409 and "taken" in r.json()["detail"]
+    assert client.get("/v1/groups/fresh").status_code == 404
+    assert client.get("/v1/batches/late-conflict").status_code == 404

@@ -1,0 +1,172 @@
+"""The engine's batch writer, the bulk judgment store and how units travel in messages."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from drcredit.scoring.dispatch import UnitRef, unit_batches
+from drcredit.scoring.engine import BatchWriter, Engine
+from drcredit.storage import models as m
+from drcredit.storage.bulk import JudgmentRow, store_judgments
+from drcredit.storage.database import Database
+from drcredit.storage.migrate import upgrade
+from tests.support.infra import postgres_database
+
+# ----------------------------------------------------------------------------- batch writer
+
+
+def test_writes_made_while_a_batch_is_written_form_the_next_batch() -> None:
+    engine = Engine(judge_concurrency=4, db_threads=2)
+    batches: list[list[int]] = []
+    release = threading.Event()
+
+    def write(items: Sequence[int]) -> list[int]:
+        if not batches:
+            release.wait(5)  # hold the first batch until the others have queued
+        batches.append(list(items))
+        return [i * 10 for i in items]
+
+    writer: BatchWriter[int, int] = BatchWriter(engine, write, concurrency=1)
+
+    async def main() -> list[int]:
+        first = asyncio.ensure_future(writer.put(0))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.ensure_future(writer.put(i)) for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        release.set()
+        return await asyncio.gather(first, *rest)
+
+    try:
+        results = engine.submit(main()).result(10)
+    finally:
+        engine.close()
+    assert results == [0, 10, 20, 30, 40, 50]
+    assert batches == [[0], [1, 2, 3, 4, 5]]
+
+
+def test_a_failed_batch_fails_each_of_its_writes_and_the_writer_goes_on() -> None:
+    engine = Engine(judge_concurrency=4, db_threads=2)
+    calls = 0
+
+    def write(items: Sequence[int]) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("database went away")
+        return list(items)
+
+    writer: BatchWriter[int, int] = BatchWriter(engine, write, concurrency=1)
+
+    async def main() -> tuple[list[BaseException | int], int]:
+        failed = await asyncio.gather(writer.put(1), return_exceptions=True)
+        return failed, await writer.put(2)
+
+    try:
+        failed, after = engine.submit(main()).result(10)
+    finally:
+        engine.close()
+    assert isinstance(failed[0], RuntimeError) and after == 2
+
+
+# ----------------------------------------------------------------------------- bulk store
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'bulk.sqlite3'}"
+        upgrade(url)
+        database = Database(url)
+        yield database
+        database.dispose()
+    else:
+        with postgres_database() as url:
+            upgrade(url)
+            database = Database(url)
+            yield database
+            database.dispose()
+
+
+def _group(db: Database) -> int:
+    with db.session() as s:
+        row = m.Group(
+            tenant="t",
+            group_id="g",
+            content_hash="h",
+            question="q",
+            rubrics=[],
+            params={},
+            expected_rollouts=2,
+            judge_backend="offline",
+            judge_model="m",
+        )
+        s.add(row)
+        s.flush()
+        return row.id
+
+
+def _row(group_pk: int, turn: int, level: int, points: list[str], prior: int) -> JudgmentRow:
+    values = {
+        "group_pk": group_pk,
+        "kind": "visit",
+        "rollout_id": "r0",
+        "turn_index": turn,
+        "rubric_id": "R1",
+        "status": "ok",
+        "level": level,
+        "support_points": points,
+        "answer": {"level": level},
+        "prior_support": prior,
+        "cache_hit": False,
+        "attempt_count": 1,
+        "created_at": datetime.now(UTC),
+    }
+    attempts = [
+        {"number": 1, "outcome": "ok", "error": None, "latency_s": 0.5, "prompt_tokens": 10, "completion_tokens": 2}
+    ]
+    return JudgmentRow(values, attempts, points)
+
+
+def test_store_skips_what_is_stored_and_writes_attempts_and_points(db: Database) -> None:
+    group_pk = _group(db)
+    with db.session() as s:
+        assert store_judgments(s, [_row(group_pk, 0, 2, ["a", "b"], 0), _row(group_pk, 1, 0, [], 2)]) == {0, 1}
+    # A second delivery stores turn 1 again (skipped) together with turn 2 (new).
+    with db.session() as s:
+        assert store_judgments(s, [_row(group_pk, 1, 0, [], 2), _row(group_pk, 2, 1, ["c"], 2)]) == {1}
+    with db.session() as s:
+        judgments = s.execute(select(m.Judgment.turn_index, m.Judgment.level, m.Judgment.answer)).all()
+        attempts = s.scalars(select(m.JudgmentAttempt.judgment_pk)).all()
+        points = s.execute(
+            select(m.SupportPoint.position, m.SupportPoint.turn_index, m.SupportPoint.text).order_by(
+                m.SupportPoint.position
+            )
+        ).all()
+    assert sorted((t, lvl) for t, lvl, _ in judgments) == [(0, 2), (1, 0), (2, 1)]
+    assert all(answer == {"level": level} for _, level, answer in judgments)
+    assert len(attempts) == 3
+    assert [tuple(p) for p in points] == [(0, 0, "a"), (1, 0, "b"), (2, 2, "c")]
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+def test_chains_travel_per_rollout_and_snippet_calls_per_group() -> None:
+    units = [
+        UnitRef("visit_chain", 1, 7, "r0"),
+        UnitRef("visit_chain", 2, 7, "r1"),
+        UnitRef("visit_chain", 3, 7, "r0"),
+        UnitRef("snippet", 4, 7, "r0"),
+        UnitRef("snippet", 5, 7, "r1"),
+        UnitRef("snippet", 6, 8, "r0"),
+    ]
+    assert [[u.unit_id for u in b] for b in unit_batches(units)] == [[1, 3], [2], [4, 5], [6]]
+    many = [UnitRef("visit_chain", i, 1, "r0") for i in range(40)]
+    assert [len(b) for b in unit_batches(many, size=16)] == [16, 16, 8]
