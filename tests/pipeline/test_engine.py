@@ -170,3 +170,15 @@ def test_chains_travel_per_rollout_and_snippet_calls_per_group() -> None:
     assert [[u.unit_id for u in b] for b in unit_batches(units)] == [[1, 3], [2], [4, 5], [6]]
     many = [UnitRef("visit_chain", i, 1, "r0") for i in range(40)]
     assert [len(b) for b in unit_batches(many, size=16)] == [16, 16, 8]
+
+
+def test_only_deadlocks_and_serialization_failures_count_as_lock_conflicts() -> None:
+    import psycopg
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from drcredit.storage.database import is_lock_conflict
+
+    assert is_lock_conflict(OperationalError("UPDATE", {}, psycopg.errors.DeadlockDetected("deadlock")))
+    assert is_lock_conflict(OperationalError("UPDATE", {}, psycopg.errors.SerializationFailure("conflict")))
+    assert not is_lock_conflict(OperationalError("UPDATE", {}, psycopg.OperationalError("server closed")))
+    assert not is_lock_conflict(IntegrityError("INSERT", {}, psycopg.errors.UniqueViolation("dup")))

@@ -156,6 +156,20 @@ def test_identical_requests_in_a_group_are_made_once(tmp_path: Path, marker_judg
     assert [levels(doc, r)[0] for r in "abc"] == [{"R1": 2}] * 3
 
 
+def test_an_identical_visit_at_another_position_is_the_same_request(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    """The judge is not told where a turn sits (SPEC lists no position among its inputs),
+    so the same visit with the same (empty) history is one request wherever it occurs."""
+    same = visit(page("W1", "https://x.org/1", "[R1:2:a]"))
+    g = group(
+        rollout("a", same, answer(), reward=1.0),
+        rollout("b", search(("S1", "https://n.org/1")), same, answer(), reward=0.0),
+    )
+    with runtime(tmp_path, marker_judge) as rt:
+        doc = score(rt, g)
+    assert marker_judge.count("visit") == 1
+    assert levels(doc, "a")[0] == {"R1": 2} and levels(doc, "b")[1] == {"R1": 2}
+
+
 def test_chains_run_concurrently_up_to_the_limit(tmp_path: Path) -> None:
     def script(call: Call) -> Reply:
         return Reply.json(marker_answer(call), delay=0.2)
