@@ -892,11 +892,12 @@ class Pipeline:
                 (unit.unit_id, group_pk) if last else None,
             )
             call = functools.partial(self.judge.ajudge_visit, request, prompt)
-            if key is not None:
-                result, stored = await self._judge_once(group_pk, key, "visit", call, store)
-            else:
-                result = await self._call_judge(call)
-                stored = await store(result, False)
+            async with self.engine.judge_slots:
+                if key is not None:
+                    result, stored = await self._judge_once(group_pk, key, "visit", call, store)
+                else:
+                    result = await self._call_judge(call)
+                    stored = await store(result, False)
             if stored == "duplicate":
                 done, history = await self.engine.db(self._chain_state, group_pk, rollout.id, rubric.id)
                 continue
@@ -937,11 +938,12 @@ class Pipeline:
                 key,
                 None if fails_group else (unit.unit_id, group_pk),
             )
-            if key is not None:
-                result, stored = await self._judge_once(group_pk, key, "snippet", call, store)
-            else:
-                result = await self._call_judge(call)
-                stored = await store(result, False)
+            async with self.engine.judge_slots:
+                if key is not None:
+                    result, stored = await self._judge_once(group_pk, key, "snippet", call, store)
+                else:
+                    result = await self._call_judge(call)
+                    stored = await store(result, False)
             if result.status == "failed" and fails_group:
                 await self.engine.db(
                     self.fail_group,
@@ -957,8 +959,12 @@ class Pipeline:
     # ------------------------------------------------------------------ judging
 
     async def _call_judge(self, call: Callable[[], Awaitable[JudgeResult[R]]]) -> JudgeResult[R]:
-        async with self.engine.judge_slots:
-            result = await call()
+        """One judgment (with its retries); the caller holds a judge slot.
+
+        A slot covers the call *and* the store of its answer, so the judge answers a
+        process could lose when it dies are at most its judge concurrency.
+        """
+        result = await call()
         _observe(result)
         return result
 
