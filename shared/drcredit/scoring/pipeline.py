@@ -1207,7 +1207,8 @@ class Pipeline:
             if finishing:
                 finished = s.execute(
                     update(m.WorkUnit)
-                    .where(m.WorkUnit.id.in_([u for u, _ in finishing]), m.WorkUnit.status != "done")
+                    # Only a running unit finishes: one cancelled by its failed group stays so.
+                    .where(m.WorkUnit.id.in_([u for u, _ in finishing]), m.WorkUnit.status == "running")
                     .values(status="done")
                     .returning(m.WorkUnit.group_pk)
                 ).all()
