@@ -38,11 +38,10 @@ async def score_group(client: AsyncOpenAI, model: str, group: GroupIn, limit: as
         rollout = group.rollout(rollout_id)
         rubric = next(r for r in group.rubrics if r.id == rubric_id)
         history: list[str] = []
-        visits = [i for i, t in enumerate(rollout.turns) if isinstance(t, VisitTurn)]
         for t in turns:
             turn = rollout.turns[t]
             assert isinstance(turn, VisitTurn)
-            request = VisitJudgeRequest(group.question, rubric, tuple(history), turn, t, visits.index(t))
+            request = VisitJudgeRequest(group.question, rubric, tuple(history), turn)
             verdict = validate_visit_answer(
                 await _ask(client, model, visit_prompt(request).messages, limit), request.usable_page_ids
             )

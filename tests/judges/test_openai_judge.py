@@ -37,7 +37,7 @@ def _group() -> GroupIn:
 def visit_request(prior: tuple[str, ...] = ()) -> VisitJudgeRequest:
     g = _group()
     turn = g.rollouts[0].turns[1]
-    return VisitJudgeRequest(g.question, g.rubrics[0], prior, turn, 1, 0)  # type: ignore[arg-type]
+    return VisitJudgeRequest(g.question, g.rubrics[0], prior, turn)  # type: ignore[arg-type]
 
 
 def snippet_request() -> SnippetJudgeRequest:

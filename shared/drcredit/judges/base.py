@@ -47,14 +47,16 @@ V = TypeVar("V", VisitVerdict, SnippetVerdict)
 
 @dataclass(frozen=True)
 class VisitJudgeRequest:
-    """Everything the visit judge sees for one (visit, rubric) (SPEC section 3)."""
+    """Everything the visit judge sees for one (visit, rubric) (SPEC section 3).
+
+    No position in the rollout: SPEC does not give it to the judge, and without it the
+    same visit with the same history is the same request wherever it occurs.
+    """
 
     question: str
     rubric: Rubric
     prior_support: tuple[str, ...]
     turn: VisitTurn
-    turn_index: int
-    visit_index: int
 
     @property
     def usable_page_ids(self) -> list[str]:

@@ -852,7 +852,6 @@ class Pipeline:
             if params.skip_saturated_snippets
             else set()
         )
-        visit_number = {t: n for n, t in enumerate(i for i, x in enumerate(rollout.turns) if isinstance(x, VisitTurn))}
         done, history = set(unit.done), list(unit.history)
         for t in chain.turn_indices:
             if t in done:
@@ -866,8 +865,6 @@ class Pipeline:
                 rubric=rubric,
                 prior_support=tuple(history) if params.history else (),
                 turn=turn,
-                turn_index=t,
-                visit_index=visit_number[t],
             )
             prompt = self.judge.visit_prompt(request)
             # The request's key finds an identical request's answer: only a turn that can
