@@ -210,24 +210,20 @@ class Pipeline:
         tenant: str,
         group: GroupIn,
         *,
-        batch_pk: int | None = None,
         position: int | None = None,
-        session: Session | None = None,
+        prepared: tuple[Dumped, str] | None = None,
     ) -> Submitted:
-        """Store a group and start judging it; idempotent on ``group_id``.
+        """Store a group in its own transaction and start judging it; idempotent on ``group_id``.
 
-        With ``session`` given the caller owns the transaction (a batch stores all its
-        groups atomically) and must call :meth:`start` with the result after commit.
+        ``position`` and ``prepared`` come from :meth:`submit_batch` (see :meth:`_store_group`).
         """
-        if session is not None:
-            return self._store_group(session, tenant, group, batch_pk, position)
         try:
             with self.db.session() as s:
-                submitted = self._store_group(s, tenant, group, batch_pk, position)
+                submitted = self._store_group(s, tenant, group, position, prepared)
         except IntegrityError:
             # A concurrent post of the same group_id won the insert: answer as a re-post.
             with self.db.session() as s:
-                submitted = self._store_group(s, tenant, group, batch_pk, position)
+                submitted = self._store_group(s, tenant, group, position, prepared)
         self.start([submitted])
         return submitted
 
@@ -278,16 +274,7 @@ class Pipeline:
         order = sorted(range(len(groups)), key=lambda i: -_longest_chain(groups[i]))
         by_position: dict[int, Submitted] = {}
         for i in order:
-            group, dump, digest_ = groups[i], dumped[i], hashes[i]
-            try:
-                with self.db.session() as s:
-                    sub = self._store_group(s, tenant, group, None, i, prepared=(dump, digest_))
-            except IntegrityError:
-                # A concurrent post of the same group_id won the insert: answer as a re-post.
-                with self.db.session() as s:
-                    sub = self._store_group(s, tenant, group, None, i, prepared=(dump, digest_))
-            self.start([sub])
-            by_position[i] = sub
+            by_position[i] = self.submit_group(tenant, groups[i], position=i, prepared=(dumped[i], hashes[i]))
         submitted = [by_position[i] for i in range(len(groups))]
         try:
             with self.db.session() as s:
@@ -328,7 +315,6 @@ class Pipeline:
         s: Session,
         tenant: str,
         group: GroupIn,
-        batch_pk: int | None,
         position: int | None,
         prepared: tuple[Dumped, str] | None = None,
     ) -> Submitted:
@@ -348,8 +334,7 @@ class Pipeline:
         row = m.Group(
             tenant=tenant,
             group_id=group_id,
-            batch_pk=batch_pk,
-            batch_position=position,
+            batch_position=position,  # batch_pk is set with the batch row, written last
             content_hash=digest,
             question=group.question,
             rubrics=[r.model_dump(mode="json") for r in group.rubrics],
@@ -763,37 +748,13 @@ class Pipeline:
                     .where(m.Group.id.in_(starting), m.Group.status == "queued")
                     .values(status="running", started_at=now())
                 )
-            done: dict[tuple[int, str, str], set[int]] = {}
-            history: dict[tuple[int, str, str], list[str]] = {}
-            snippets_done: set[tuple[int, str, int]] = set()
+            # Fresh units (no earlier delivery) have nothing stored to read.
             resumed = [u for u in taken if u.attempts > 0]
-            if resumed:
-                group_pks = {u.group_pk for u in resumed}
-                rollout_ids = {u.rollout_id for u in resumed}
-                for group_pk, kind, rollout_id, turn_index, rubric_id in s.execute(
-                    select(
-                        m.Judgment.group_pk,
-                        m.Judgment.kind,
-                        m.Judgment.rollout_id,
-                        m.Judgment.turn_index,
-                        m.Judgment.rubric_id,
-                    ).where(m.Judgment.group_pk.in_(group_pks), m.Judgment.rollout_id.in_(rollout_ids))
-                ):
-                    if kind == "visit":
-                        done.setdefault((group_pk, rollout_id, rubric_id), set()).add(turn_index)
-                    else:
-                        snippets_done.add((group_pk, rollout_id, turn_index))
-                for group_pk, rollout_id, rubric_id, text in s.execute(
-                    select(
-                        m.SupportPoint.group_pk,
-                        m.SupportPoint.rollout_id,
-                        m.SupportPoint.rubric_id,
-                        m.SupportPoint.text,
-                    )
-                    .where(m.SupportPoint.group_pk.in_(group_pks), m.SupportPoint.rollout_id.in_(rollout_ids))
-                    .order_by(m.SupportPoint.position)
-                ):
-                    history.setdefault((group_pk, rollout_id, rubric_id), []).append(text)
+            done, history, snippets_done = (
+                _stored_state(s, {u.group_pk for u in resumed}, {u.rollout_id for u in resumed})
+                if resumed
+                else ({}, {}, set())
+            )
             params = {pk: ScoringParams.model_validate(g[1]) for pk, g in groups.items()}
             for unit in taken:
                 chain = (unit.group_pk, unit.rollout_id, unit.rubric_id or "")
@@ -1083,28 +1044,9 @@ class Pipeline:
 
     def _chain_state(self, group_pk: int, rollout_id: str, rubric_id: str) -> tuple[set[int], list[str]]:
         with self.db.session() as s:
-            done = set(
-                s.scalars(
-                    select(m.Judgment.turn_index).where(
-                        m.Judgment.group_pk == group_pk,
-                        m.Judgment.kind == "visit",
-                        m.Judgment.rollout_id == rollout_id,
-                        m.Judgment.rubric_id == rubric_id,
-                    )
-                )
-            )
-            history = list(
-                s.scalars(
-                    select(m.SupportPoint.text)
-                    .where(
-                        m.SupportPoint.group_pk == group_pk,
-                        m.SupportPoint.rollout_id == rollout_id,
-                        m.SupportPoint.rubric_id == rubric_id,
-                    )
-                    .order_by(m.SupportPoint.position)
-                )
-            )
-        return done, history
+            done, history, _ = _stored_state(s, {group_pk}, {rollout_id})
+        chain = (group_pk, rollout_id, rubric_id)
+        return set(done.get(chain, ())), list(history.get(chain, ()))
 
     async def _store_visit(
         self,
@@ -1482,6 +1424,32 @@ def _rubric(content: GroupContent, rubric_id: str) -> Rubric:
 def _longest_chain(group: GroupIn) -> int:
     """Visits of the group's longest rollout: the length of its longest visit chain."""
     return max((sum(isinstance(t, VisitTurn) for t in r.turns) for r in group.rollouts), default=0)
+
+
+def _stored_state(
+    s: Session, group_pks: set[int], rollout_ids: set[str]
+) -> tuple[dict[tuple[int, str, str], set[int]], dict[tuple[int, str, str], list[str]], set[tuple[int, str, int]]]:
+    """Where the units of these rollouts left off: per (group, rollout, rubric) chain the
+    visit turns judged and the support history in order; the snippet turns judged."""
+    done: dict[tuple[int, str, str], set[int]] = {}
+    history: dict[tuple[int, str, str], list[str]] = {}
+    snippets_done: set[tuple[int, str, int]] = set()
+    for group_pk, kind, rollout_id, turn_index, rubric_id in s.execute(
+        select(
+            m.Judgment.group_pk, m.Judgment.kind, m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.rubric_id
+        ).where(m.Judgment.group_pk.in_(group_pks), m.Judgment.rollout_id.in_(rollout_ids))
+    ):
+        if kind == "visit":
+            done.setdefault((group_pk, rollout_id, rubric_id), set()).add(turn_index)
+        else:
+            snippets_done.add((group_pk, rollout_id, turn_index))
+    for group_pk, rollout_id, rubric_id, text in s.execute(
+        select(m.SupportPoint.group_pk, m.SupportPoint.rollout_id, m.SupportPoint.rubric_id, m.SupportPoint.text)
+        .where(m.SupportPoint.group_pk.in_(group_pks), m.SupportPoint.rollout_id.in_(rollout_ids))
+        .order_by(m.SupportPoint.position)
+    ):
+        history.setdefault((group_pk, rollout_id, rubric_id), []).append(text)
+    return done, history, snippets_done
 
 
 def _lock_groups(s: Session, group_pks: set[int]) -> None:
