@@ -301,6 +301,49 @@ class StepRun:
     cpu_by_process_s: dict[str, float] = field(default_factory=dict)
 
 
+@contextmanager
+def sampled(procs: list[Proc], into: Path | None) -> Iterator[None]:
+    """With ``--profile DIR``: py-spy samples each process during the step (collapsed stacks).
+
+    Sampling costs CPU of its own, so a profiled run's CPU figures are not the benchmark's.
+    """
+    if into is None:
+        yield
+        return
+    into.mkdir(parents=True, exist_ok=True)
+    spies = [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "--pid",
+                str(p.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--nonblocking", "--gil",
+                "--output",
+                str(into / f"{p.name}-{i}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i, p in enumerate(procs)
+    ]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+        for spy in spies:
+            spy.wait(60)
+
+
+PROFILE_DIR: Path | None = None
+
+
 def run_step(
     stack: Stack,
     api: str,
@@ -309,6 +352,18 @@ def run_step(
     measured: list[Proc],
     judge_proc: Proc,
     fetch_credits: bool = True,
+) -> StepRun:
+    with sampled(measured, PROFILE_DIR and PROFILE_DIR / f"step-{uuid.uuid4().hex[:6]}"):
+        return _run_step(api, groups, judge, measured, judge_proc, fetch_credits)
+
+
+def _run_step(
+    api: str,
+    groups: list[dict[str, Any]],
+    judge: str,
+    measured: list[Proc],
+    judge_proc: Proc,
+    fetch_credits: bool,
 ) -> StepRun:
     httpx.post(f"{judge}/reset")
     per0 = {f"{p.name}#{i}": cpu_seconds(p.pid) for i, p in enumerate(measured)}
@@ -616,7 +671,12 @@ def main() -> None:
     parser.add_argument("--sections", default="step,dispatch,streaming")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="sample the platform's processes with py-spy into this directory"
+    )
     args = parser.parse_args()
+    global PROFILE_DIR
+    PROFILE_DIR = args.profile
 
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine()}
     sections = set(args.sections.split(","))

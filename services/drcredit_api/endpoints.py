@@ -17,7 +17,7 @@ from drcredit import metrics
 from drcredit.domain.batch import BatchIn
 from drcredit.domain.group import GroupIn, Rollout
 from drcredit.scoring import documents
-from drcredit.scoring.errors import NotReady
+from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.scoring.replay import replay
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
@@ -138,7 +138,13 @@ async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
 
 
 def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], list[str]]:
-    return lambda s: [documents.find_group(s, tenant, group_id).status]
+    def statuses(s: Any) -> list[str]:
+        status = s.scalar(select(m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id == group_id))
+        if status is None:
+            raise NotFound(f"group {group_id!r} not found")
+        return [status]
+
+    return statuses
 
 
 @router.get(
@@ -166,7 +172,7 @@ async def post_replay(group_id: str, body: schemas.ReplayRequest, tenant: Tenant
     """Advantages recomputed from stored judgments under other parameters (no judge call)."""
 
     def run(s: Any) -> dict[str, Any]:
-        group = documents.find_group(s, tenant, group_id, full=True)
+        group = documents.find_group(s, tenant, group_id, bodies=True)
         result = replay(s, group, body.params)
         s.add(m.Replay(group_pk=group.id, params=result["params"], result=result))
         return result
@@ -181,6 +187,14 @@ def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
         for g in s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(batch.group_ids)))
     }
     return [rows[g] for g in batch.group_ids]
+
+
+def _batch_statuses(s: Any, tenant: str, batch_id: str) -> list[str]:
+    """The statuses alone: the long-poll asks this several times a second."""
+    group_ids = s.scalar(select(m.Batch.group_ids).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
+    if group_ids is None:
+        raise NotFound(f"batch {batch_id!r} not found")
+    return list(s.scalars(select(m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids))))
 
 
 def _batch_status(groups: list[m.Group]) -> str:
@@ -215,7 +229,7 @@ async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wa
 
     A failed group appears with its status and error in place of its advantages.
     """
-    await _wait_until_final(rt, lambda s: [g.status for g in _batch_groups(s, tenant, batch_id)], wait)
+    await _wait_until_final(rt, lambda s: _batch_statuses(s, tenant, batch_id), wait)
 
     def run(s: Any) -> dict[str, Any]:
         groups = _batch_groups(s, tenant, batch_id)

@@ -18,6 +18,7 @@ from rich.table import Table
 from drcredit.domain.errors import InvalidInput, errors_from_pydantic
 from drcredit.domain.group import GroupIn
 from drcredit.logs import configure_logging
+from drcredit.process import tune_gc
 from drcredit.scoring import documents
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
@@ -94,6 +95,7 @@ def score(
         overrides.update(database_url=f"sqlite:///{Path(tmp.name) / 'score.sqlite3'}", auto_migrate=True)
     settings = Settings().model_copy(update=overrides)
     runtime = Runtime.build(settings)
+    tune_gc(settings.gc_threshold)
     try:
         try:
             submitted = runtime.pipeline.submit_group("public", group)
@@ -194,7 +196,9 @@ def serve(
 
     settings = Settings()
     configure_logging(settings)
-    uvicorn.run(create_app(settings), host=host, port=port, log_config=None, access_log=False)
+    api = create_app(settings)
+    tune_gc(settings.gc_threshold)
+    uvicorn.run(api, host=host, port=port, log_config=None, access_log=False)
 
 
 def _worker_configs() -> dict[str, Any]:
@@ -237,6 +241,7 @@ def worker(
     celery_app, _ = worker_mod.start(settings, threads)
     for config in chosen:
         importlib.import_module(config.tasks_module)
+    tune_gc(settings.gc_threshold)
     celery_app.worker_main(
         [
             "worker",

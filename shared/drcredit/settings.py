@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     on_judge_failure: Literal["zero", "fail"] = "zero"
 
     # Operations ------------------------------------------------------------
+    #: First-generation threshold of Python's cyclic garbage collector in the API and
+    #: worker processes (Python's default is 700; 0 keeps the defaults). See
+    #: ``drcredit.process.tune_gc``.
+    gc_threshold: int = Field(50_000, ge=0)
     log_level: str = "INFO"
     log_format: Literal["console", "json"] = "console"
     metrics_port: int | None = None

@@ -12,10 +12,16 @@ from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.storage import models as m
 
 
-def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) -> m.Group:
+def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False, bodies: bool = False) -> m.Group:
+    """``full``: with rollouts and turns; ``bodies``: with the turns' posted bodies too.
+
+    The documents read only the turns' results, and a step's turn bodies are megabytes
+    of page text: loading them only when asked keeps fetching a batch's advantages fast.
+    """
     query = select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
-    if full:
-        query = query.options(selectinload(m.Group.rollouts).selectinload(m.Rollout.turns))
+    if full or bodies:
+        turns = selectinload(m.Group.rollouts).selectinload(m.Rollout.turns)
+        query = query.options(turns if bodies else turns.defer(m.Turn.body, raiseload=True))
     row = s.scalar(query)
     if row is None:
         raise NotFound(f"group {group_id!r} not found")

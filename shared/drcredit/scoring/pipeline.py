@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import structlog
-from sqlalchemy import CursorResult, Table, bindparam, delete, insert, select, tuple_, update
+from sqlalchemy import Table, bindparam, delete, insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
@@ -53,7 +53,7 @@ from drcredit.domain.verdicts import (
     VisitVerdict,
 )
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
-from drcredit.scoring.content import Dumped, canonical_hash, content_of, group_hash, params_of, rollout_hash
+from drcredit.scoring.content import Dumped, canonical_hash, group_hash, params_of, rollout_hash, rubrics_of
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import BatchWriter, Engine
 from drcredit.scoring.errors import Conflict, NotFound
@@ -157,6 +157,9 @@ class Pipeline:
         #: share it; the lock guards the dict across the engine's database threads.
         self._content_cache: OrderedDict[tuple[int, str], GroupContent] = OrderedDict()
         self._cache_lock = threading.Lock()
+        #: Content loads in flight on the engine loop: a message's units start together
+        #: and would otherwise each load (and validate) the same rollout.
+        self._content_loads: dict[tuple[int, str], asyncio.Future[GroupContent]] = {}
         #: Rollouts with no waiting snippet call left (units never return to waiting).
         self._no_waiting: set[tuple[int, str]] = set()
         self._plans: OrderedDict[tuple[int, str], RolloutPlan] = OrderedDict()
@@ -731,7 +734,9 @@ class Pipeline:
                 taken.append(unit)
             if not taken:
                 return out
-            s.execute(
+            # On the connection (Core): the ORM's bulk-update bookkeeping (synchronizing
+            # loaded objects, of which a claim has none) cost more than the statement.
+            s.connection().execute(
                 update(wu)
                 .where(wu.id.in_([u.id for u in taken]))
                 .values(
@@ -743,7 +748,7 @@ class Pipeline:
             )
             starting = sorted({u.group_pk for u in taken if groups[u.group_pk][0] == "queued"})
             if starting:
-                s.execute(
+                s.connection().execute(
                     update(m.Group)
                     .where(m.Group.id.in_(starting), m.Group.status == "queued")
                     .values(status="running", started_at=now())
@@ -782,11 +787,18 @@ class Pipeline:
             )
 
     async def _acontent(self, group_pk: int, rollout_id: str) -> GroupContent:
+        key = (group_pk, rollout_id)
         with self._cache_lock:
-            cached = self._content_cache.get((group_pk, rollout_id))
+            cached = self._content_cache.get(key)
         if cached is not None:
             return cached
-        return await self.engine.db(self.rollout_content, group_pk, rollout_id)
+        loading = self._content_loads.get(key)
+        if loading is None:
+            loading = asyncio.ensure_future(self.engine.db(self.rollout_content, group_pk, rollout_id))
+            self._content_loads[key] = loading
+            loading.add_done_callback(lambda _: self._content_loads.pop(key, None))
+        # Shielded: one waiter's cancellation must not cancel the others' load.
+        return await asyncio.shield(loading)
 
     def _plan(self, group_pk: int, content: GroupContent, rollout: Rollout, params: ScoringParams) -> RolloutPlan:
         """A rollout's plan, computed once per process for all its units."""
@@ -1144,21 +1156,25 @@ class Pipeline:
             # A unit finishes with its last judgment only if that judgment is ours and stored.
             finishing = [w.finish for i, w in enumerate(writes) if w.finish is not None and outcomes[i] == "stored"]
             if finishing:
-                finished = s.execute(
-                    update(m.WorkUnit)
-                    # Only a running unit finishes: one cancelled by its failed group stays so.
-                    .where(m.WorkUnit.id.in_([u for u, _ in finishing]), m.WorkUnit.status == "running")
-                    .values(status="done")
-                    .returning(m.WorkUnit.group_pk)
-                ).all()
+                finished = (
+                    s.connection()
+                    .execute(
+                        update(m.WorkUnit)
+                        # Only a running unit finishes: one cancelled by its failed group stays so.
+                        .where(m.WorkUnit.id.in_([u for u, _ in finishing]), m.WorkUnit.status == "running")
+                        .values(status="done")
+                        .returning(m.WorkUnit.group_pk)
+                    )
+                    .all()
+                )
                 per_group = Counter(g for (g,) in finished)
                 for group_pk, count in sorted(per_group.items()):
-                    s.execute(
+                    s.connection().execute(
                         update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + count)
                     )
             touched = sorted({g for _, g in finishing} | skipped)
             if touched:
-                flipped = list(s.scalars(_aggregation_flip(touched).returning(m.Group.id)))
+                flipped = list(s.connection().scalars(_aggregation_flip(touched).returning(m.Group.id)))
         if to_dispatch:
             self.dispatcher.dispatch(to_dispatch)
         for group_pk in flipped:
@@ -1251,7 +1267,9 @@ class Pipeline:
                     to_dispatch.append(UnitRef("snippet", unit_id, group_pk, rollout_id))
                 else:
                     self._add_skipped(s, group_pk, rollout_id, turn_index)
-                    s.execute(update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1))
+                    s.connection().execute(
+                        update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1)
+                    )
                     skipped.add(group_pk)
         return to_dispatch, skipped
 
@@ -1280,7 +1298,26 @@ class Pipeline:
             if group is None or group.status not in ("queued", "running") or group.aggregation == "done":
                 return
             params = params_of(group)
-            content = content_of(group)
+            rollout_rows = s.execute(
+                select(m.Rollout.id, m.Rollout.rollout_id)
+                .where(m.Rollout.group_pk == group_pk)
+                .order_by(m.Rollout.position)
+            ).all()
+            turn_pks: dict[int, list[int]] = {}
+            for rollout_pk, turn_pk in s.execute(
+                select(m.Turn.rollout_pk, m.Turn.id)
+                .where(m.Turn.rollout_pk.in_([r.id for r in rollout_rows]))
+                .order_by(m.Turn.rollout_pk, m.Turn.index)
+            ):
+                turn_pks.setdefault(rollout_pk, []).append(turn_pk)
+            # The rollouts as this process's units already read them (cached), so the
+            # group's turn bodies are not loaded and validated once more.
+            parts = [self.rollout_content(group_pk, r.rollout_id, session=s) for r in rollout_rows]
+            content = GroupContent(
+                question=group.question,
+                rubrics=parts[0].rubrics if parts else rubrics_of(group),
+                rollouts=[part.rollouts[0] for part in parts],
+            )
             judgments = judgments_of(s, group_pk)
             try:
                 credits = group_credits(content, judgments, params)
@@ -1294,16 +1331,16 @@ class Pipeline:
             # Core executemany (one prepared statement per table), not ORM attribute
             # sets: a group has hundreds of turns and this runs on the aggregator's
             # hot path.
-            rollouts = {r.rollout_id: r for r in group.rollouts}
-            rollout_rows: list[dict[str, Any]] = []
-            turn_rows: list[dict[str, Any]] = []
+            rollout_pks = {r.rollout_id: r.id for r in rollout_rows}
+            rollout_updates: list[dict[str, Any]] = []
+            turn_updates: list[dict[str, Any]] = []
             for rc, ra in zip(credits, advantages.rollouts, strict=True):
-                rollout_row = rollouts[rc.rollout_id]
-                rollout_rows.append({"pk": rollout_row.id, "outcome_advantage": ra.outcome_advantage})
-                for turn_row, tc, ta in zip(rollout_row.turns, rc.turns, ra.turns, strict=True):
-                    turn_rows.append(
+                rollout_pk = rollout_pks[rc.rollout_id]
+                rollout_updates.append({"pk": rollout_pk, "outcome_advantage": ra.outcome_advantage})
+                for turn_pk, tc, ta in zip(turn_pks.get(rollout_pk, []), rc.turns, ra.turns, strict=True):
+                    turn_updates.append(
                         {
-                            "pk": turn_row.id,
+                            "pk": turn_pk,
                             "credit": tc.credit,
                             "visit_credit": tc.visit_credit,
                             "visit_credit_uncapped": tc.visit_credit_uncapped,
@@ -1317,8 +1354,10 @@ class Pipeline:
                     )
             turns_table: Table = m.Turn.__table__  # type: ignore[assignment]
             rollouts_table: Table = m.Rollout.__table__  # type: ignore[assignment]
-            s.connection().execute(update(turns_table).where(turns_table.c.id == bindparam("pk")), turn_rows)
-            s.connection().execute(update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")), rollout_rows)
+            s.connection().execute(update(turns_table).where(turns_table.c.id == bindparam("pk")), turn_updates)
+            s.connection().execute(
+                update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")), rollout_updates
+            )
             st = advantages.stats
             group.stats = {
                 "mu_rg": st.mu_rg,
@@ -1455,7 +1494,7 @@ def _stored_state(
 def _lock_groups(s: Session, group_pks: set[int]) -> None:
     """Lock group rows in id order (FOR NO KEY UPDATE: inserts referencing them still pass)."""
     if group_pks:
-        s.execute(
+        s.connection().execute(
             select(m.Group.id)
             .where(m.Group.id.in_(sorted(group_pks)))
             .order_by(m.Group.id)
@@ -1551,8 +1590,7 @@ def _observe(result: JudgeResult[Any]) -> None:
 
 def _changed(s: Session, statement: Any) -> int:
     """Rows an UPDATE changed: conditional updates are how units claim transitions."""
-    result: CursorResult[Any] = s.execute(statement)  # type: ignore[assignment]
-    return result.rowcount
+    return s.connection().execute(statement).rowcount
 
 
 def _aware(value: datetime) -> datetime:

@@ -61,7 +61,11 @@ def renew_leases(s: Session, leases: Sequence[tuple[int, str]], expires: datetim
         return set()
     if s.get_bind().dialect.name == "postgresql":
         payload = orjson.dumps([{"id": unit_id, "owner": owner} for unit_id, owner in leases]).decode()
-        return set(s.scalars(_PG_RENEW, {"leases": payload, "expires": expires, "now": datetime.now(expires.tzinfo)}))
+        return set(
+            s.connection().scalars(
+                _PG_RENEW, {"leases": payload, "expires": expires, "now": datetime.now(expires.tzinfo)}
+            )
+        )
     return set(
         s.scalars(
             update(m.WorkUnit)
@@ -148,7 +152,7 @@ def _store_postgres(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
         {**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n, "attempts": row.attempts, "points": row.points}
         for n, row in enumerate(rows)
     ]
-    return set(s.scalars(_PG_STORE, {"rows": orjson.dumps(payload).decode()}))
+    return set(s.connection().scalars(_PG_STORE, {"rows": orjson.dumps(payload).decode()}))
 
 
 # ----------------------------------------------------------------------------- portable

@@ -1,0 +1,25 @@
+"""Process-wide tuning for the long-running processes (API, workers, the embedded job)."""
+
+from __future__ import annotations
+
+import gc
+
+
+def tune_gc(threshold: int) -> None:
+    """Collect cyclic garbage less often, and never rescan what start-up allocated.
+
+    A unit's judge call allocates thousands of short-lived objects (prompt documents,
+    request and response bodies, rows); with Python's default first-generation
+    threshold (700) the collector ran about a thousand times per step in a visit
+    worker and its full collections walked every cached rollout: a third of the
+    worker's CPU in the benchmark (BENCHMARKS.md). Most of those objects die by
+    reference counting before a collection at a higher threshold, which is all this
+    changes; cycles are still collected. ``threshold`` 0 keeps Python's defaults.
+    """
+    if threshold <= 0:
+        return
+    gc.collect()
+    # Modules, classes and settings allocated at start-up live as long as the process.
+    gc.freeze()
+    _, second, third = gc.get_threshold()
+    gc.set_threshold(threshold, second, third)
