@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select
 
 from drcredit.scoring.dispatch import UnitRef, unit_batches
-from drcredit.scoring.engine import BatchWriter, Engine
+from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.storage import models as m
-from drcredit.storage.bulk import JudgmentRow, store_judgments
+from drcredit.storage.bulk import JudgmentRow, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database
 from drcredit.storage.migrate import upgrade
 from tests.support.infra import postgres_database
@@ -73,6 +73,46 @@ def test_a_failed_batch_fails_each_of_its_writes_and_the_writer_goes_on() -> Non
     finally:
         engine.close()
     assert isinstance(failed[0], RuntimeError) and after == 2
+
+
+# ----------------------------------------------------------------------------- judge slots
+
+
+def test_a_freed_slot_goes_to_the_waiter_with_the_most_work_left_then_first_come() -> None:
+    async def scenario() -> list[str]:
+        slots = PrioritySlots(1)
+        order: list[str] = []
+        await slots.acquire(0)  # the one slot is taken
+
+        async def wait(name: str, priority: int) -> None:
+            async with slots.slot(priority):
+                order.append(name)
+
+        waiters = []
+        for name, priority in [("short", 1), ("long-a", 5), ("middle", 3), ("long-b", 5)]:
+            waiters.append(asyncio.ensure_future(wait(name, priority)))
+            await asyncio.sleep(0)  # queued in this order
+        slots.release()
+        await asyncio.gather(*waiters)
+        return order
+
+    assert asyncio.run(scenario()) == ["long-a", "long-b", "middle", "short"]
+
+
+def test_a_cancelled_waiter_does_not_keep_a_slot() -> None:
+    async def scenario() -> bool:
+        slots = PrioritySlots(1)
+        await slots.acquire(0)
+        gone = asyncio.ensure_future(slots.acquire(9))
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0)
+        slots.release()
+        # The slot is free again, not handed to the cancelled waiter.
+        await asyncio.wait_for(slots.acquire(1), timeout=1)
+        return True
+
+    assert asyncio.run(scenario())
 
 
 # ----------------------------------------------------------------------------- bulk store
@@ -153,6 +193,40 @@ def test_store_skips_what_is_stored_and_writes_attempts_and_points(db: Database)
     assert all(answer == {"level": level} for _, level, answer in judgments)
     assert len(attempts) == 3
     assert [tuple(p) for p in points] == [(0, 0, "a"), (1, 0, "b"), (2, 2, "c")]
+
+
+def test_a_lease_is_held_only_by_its_owner_while_running_and_renewal_moves_its_expiry(db: Database) -> None:
+    group_pk = _group(db)
+    expires = datetime(2030, 1, 1, tzinfo=UTC)
+    with db.session() as s:
+        units = [
+            m.WorkUnit(
+                group_pk=group_pk,
+                kind="visit_chain",
+                unit_key=f"u{k}",
+                rollout_id="r0",
+                rubric_id="R1",
+                status=status,
+                lease_owner="me",
+                lease_expires_at=expires,
+            )
+            for k, status in enumerate(["running", "running", "cancelled"])
+        ]
+        s.add_all(units)
+        s.flush()
+        mine, other, cancelled = (u.id for u in units)
+    asked = [(mine, "me"), (other, "someone else"), (cancelled, "me")]
+    with db.session() as s:
+        assert held_leases(s, asked) == {mine}
+    later = datetime(2031, 1, 1, tzinfo=UTC)
+    with db.session() as s:
+        assert renew_leases(s, asked, later) == {mine}
+    with db.session() as s:
+        stored = {
+            pk: at and at.replace(tzinfo=UTC)
+            for pk, at in s.execute(select(m.WorkUnit.id, m.WorkUnit.lease_expires_at))
+        }
+    assert stored == {mine: later, other: expires, cancelled: expires}
 
 
 # ----------------------------------------------------------------------------- messages

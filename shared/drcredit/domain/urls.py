@@ -7,12 +7,15 @@ two URLs match here exactly when they match for any other implementation of SPEC
 
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _DROPPED_PARAMS = frozenset({"gclid", "fbclid"})
 
 
+# Cached: a group's rollouts name the same few dozen URLs thousands of times.
+@lru_cache(maxsize=1 << 16)
 def norm_url(url: str) -> str:
     """Return the canonical form of ``url``; two URLs match when their forms are equal.
 

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -55,10 +56,10 @@ from drcredit.domain.verdicts import (
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
 from drcredit.scoring.content import Dumped, canonical_hash, group_hash, params_of, rollout_hash, rubrics_of
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
-from drcredit.scoring.engine import BatchWriter, Engine
+from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.storage import models as m
-from drcredit.storage.bulk import JudgmentRow, renew_leases, store_judgments
+from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database, is_lock_conflict
 
 log = logging.getLogger("drcredit.pipeline")
@@ -162,6 +163,9 @@ class Pipeline:
         self._content_loads: dict[tuple[int, str], asyncio.Future[GroupContent]] = {}
         #: Rollouts with no waiting snippet call left (units never return to waiting).
         self._no_waiting: set[tuple[int, str]] = set()
+        #: When this process last set each of its leases to expire lease_s from then
+        #: (monotonic seconds): a lease is renewed only once a quarter of it has passed.
+        self._lease_set_at: dict[int, float] = {}
         self._plans: OrderedDict[tuple[int, str], RolloutPlan] = OrderedDict()
         #: Judge requests in flight on the engine loop (only touched from that loop).
         self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
@@ -231,12 +235,25 @@ class Pipeline:
         return submitted
 
     def start(self, submitted: Sequence[Submitted]) -> None:
-        """Dispatch the queued units of newly stored groups (after their commit)."""
-        for sub in submitted:
-            if sub.created:
-                metrics.GROUPS_INGESTED.inc()
-                self._dispatch_queued(sub.group_pk)
-                self._maybe_aggregate(sub.group_pk)
+        """Dispatch the queued units of newly stored groups (after their commit), in order."""
+        created = [sub.group_pk for sub in submitted if sub.created]
+        if not created:
+            return
+        metrics.GROUPS_INGESTED.inc(len(created))
+        with self.db.session() as s:
+            queued: dict[int, list[UnitRef]] = {pk: [] for pk in created}
+            for unit_id, kind, group_pk, rollout_id in s.execute(
+                select(m.WorkUnit.id, m.WorkUnit.kind, m.WorkUnit.group_pk, m.WorkUnit.rollout_id)
+                .where(m.WorkUnit.group_pk.in_(created), m.WorkUnit.status == "queued")
+                .order_by(m.WorkUnit.id)
+            ):
+                queued[group_pk].append(UnitRef(kind, unit_id, group_pk, rollout_id))  # type: ignore[arg-type]
+            # A group with nothing to judge (every call a deterministic zero or skipped)
+            # goes straight to aggregation.
+            flipped = list(s.connection().scalars(_aggregation_flip(sorted(created)).returning(m.Group.id)))
+        self.dispatcher.dispatch([ref for pk in created for ref in queued[pk]])
+        for group_pk in flipped:
+            self.dispatcher.dispatch_aggregation(group_pk)
 
     def resolve(self, group: GroupIn) -> GroupIn:
         """Fill the failure policy from settings when the group leaves it unset."""
@@ -451,21 +468,16 @@ class Pipeline:
                 ],
             )
         }
-        turns: list[dict[str, Any]] = []
+        turns: list[tuple[int, int, str, dict[str, Any]]] = []
         judgments: list[dict[str, Any]] = []
         units: list[dict[str, Any]] = []
         skipped: list[int] = []
         positive = content.positive_rubrics
         for item in items:
             rollout, plan, twins = item.rollout, item.plan, item.twins
+            rollout_pk = rollout_pks[rollout.id]
             turns.extend(
-                {
-                    "rollout_pk": rollout_pks[rollout.id],
-                    "index": i,
-                    "type": body["type"],
-                    "body": body,
-                }
-                for i, body in enumerate(dumped.rollouts[rollout.id]["turns"])
+                (rollout_pk, i, body["type"], body) for i, body in enumerate(dumped.rollouts[rollout.id]["turns"])
             )
             judgments.extend(
                 {
@@ -516,12 +528,18 @@ class Pipeline:
                     skipped.append(task.turn_index)
             group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
         if turns:
-            s.execute(insert(m.Turn), turns)
+            copy_rows(s, m.Turn.__table__, ("rollout_pk", "index", "type", "body"), turns)  # type: ignore[arg-type]
         if judgments:
-            s.execute(insert(m.Judgment), judgments)
+            s.connection().execute(insert(m.Judgment), judgments)
             metrics.DETERMINISTIC_ZEROS.inc(len(judgments))
         if units:
-            s.execute(insert(m.WorkUnit), units)
+            stamp = now()
+            copy_rows(
+                s,
+                m.WorkUnit.__table__,  # type: ignore[arg-type]
+                (*_UNIT_COLUMNS, "attempts", "updated_at"),
+                [(*(u[c] for c in _UNIT_COLUMNS), 0, stamp) for u in units],
+            )
         group.units_total += len(units)
         group.units_done += len(skipped)
         group.rollouts_received += len(items)
@@ -736,6 +754,9 @@ class Pipeline:
                 return out
             # On the connection (Core): the ORM's bulk-update bookkeeping (synchronizing
             # loaded objects, of which a claim has none) cost more than the statement.
+            claimed_at = time.monotonic()
+            for u in taken:
+                self._lease_set_at[u.id] = claimed_at
             s.connection().execute(
                 update(wu)
                 .where(wu.id.in_([u.id for u in taken]))
@@ -826,11 +847,33 @@ class Pipeline:
             else set()
         )
         done, history = set(unit.done), list(unit.history)
-        for t in chain.turn_indices:
-            if t in done:
-                continue
-            if self._stopping.is_set():
-                raise _Stopping()
+        slots = self.engine.judge_slots
+        # The store of the previous answer runs while the next call is made (its answer
+        # is all the next request needs); its outcome is read before the next store, so
+        # a chain's judgments still go in one at a time and in order. Until stored, an
+        # answer keeps its judge slot: a worker that dies loses at most its judge
+        # concurrency in answers, as when the store was awaited first.
+        pending: asyncio.Task[StoreOutcome] | None = None
+        pending_finishes = False
+        while True:
+            t = next((u for u in chain.turn_indices if u not in done), None)
+            if t is None or self._stopping.is_set():
+                outcome: StoreOutcome = "stored"
+                if pending is not None:
+                    outcome, pending = await pending, None
+                if outcome == "lost":
+                    return "noop"  # the group failed, or another delivery took the unit over
+                if outcome == "duplicate":
+                    done, history = await self.engine.db(self._chain_state, group_pk, rollout.id, rubric.id)
+                    pending_finishes = False
+                    continue
+                if t is not None:
+                    raise _Stopping()
+                if not pending_finishes:
+                    await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
+                return "done"
+            # Calls this chain still has to make, this one included: its claim on a slot.
+            remaining = sum(1 for u in chain.turn_indices if u >= t and u not in done)
             turn = rollout.turns[t]
             assert isinstance(turn, VisitTurn)
             request = VisitJudgeRequest(
@@ -862,17 +905,52 @@ class Pipeline:
                 (unit.unit_id, group_pk) if last else None,
             )
             call = functools.partial(self.judge.ajudge_visit, request, prompt)
-            async with self.engine.judge_slots:
-                if key is not None:
+            stored: StoreOutcome
+            if key is not None:
+                # A request that may have a twin is judged and stored in one step, after
+                # the previous store (its answer may be shared with another chain).
+                if pending is not None:
+                    outcome, pending = await pending, None
+                    if outcome == "lost":
+                        return "noop"
+                    if outcome == "duplicate":
+                        done, history = await self.engine.db(self._chain_state, group_pk, rollout.id, rubric.id)
+                        continue
+                async with slots.slot(remaining):
                     result, stored = await self._judge_once(group_pk, key, "visit", call, store)
-                else:
+                pending_finishes = last
+            else:
+                await slots.acquire(remaining)
+                try:
                     result = await self._call_judge(call)
-                    stored = await store(result, False)
+                    previous: StoreOutcome = "stored"
+                    if pending is not None:
+                        previous, pending = await pending, None
+                except BaseException:
+                    slots.release()
+                    raise
+                if previous != "stored":
+                    slots.release()  # this answer was asked on a history that was not ours
+                    if previous == "lost":
+                        return "noop"
+                    done, history = await self.engine.db(self._chain_state, group_pk, rollout.id, rubric.id)
+                    pending_finishes = False
+                    continue
+                if result.status == "failed" and params.on_judge_failure == "fail":
+                    try:
+                        stored = await store(result, False)
+                    finally:
+                        slots.release()
+                else:
+                    pending = asyncio.ensure_future(store(result, False))
+                    pending.add_done_callback(_release_slot(slots))
+                    pending_finishes = last
+                    stored = "stored"  # read before the next store (see above)
             if stored == "duplicate":
                 done, history = await self.engine.db(self._chain_state, group_pk, rollout.id, rubric.id)
                 continue
             if stored == "lost":
-                return "noop"  # the group failed, or another delivery took the unit over
+                return "noop"
             if result.status == "ok" and result.verdict is not None and result.verdict.level > 0:
                 history.extend(result.verdict.support_points)
             if result.status == "failed" and params.on_judge_failure == "fail":
@@ -882,10 +960,7 @@ class Pipeline:
                     f"visit judgment failed (rollout {rollout.id}, turn {t}, rubric {rubric.id}): {result.failure_reason}",
                 )
                 return "noop"
-            if last:
-                return "done"
-        await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
-        return "done"
+            done.add(t)
 
     async def _arun_snippet(self, unit: Claimed, owner: str) -> UnitOutcome:
         group_pk, params = unit.group_pk, unit.params
@@ -908,7 +983,7 @@ class Pipeline:
                 key,
                 None if fails_group else (unit.unit_id, group_pk),
             )
-            async with self.engine.judge_slots:
+            async with self.engine.judge_slots.slot(1):
                 if key is not None:
                     result, stored = await self._judge_once(group_pk, key, "snippet", call, store)
                 else:
@@ -1140,7 +1215,7 @@ class Pipeline:
             if judged:
                 stored = store_judgments(s, [w.judgment for _, w in judged])  # type: ignore[misc]
                 leases = [w.lease for n, (_, w) in enumerate(judged) if n in stored and w.lease is not None]
-                kept = renew_leases(s, leases, now() + timedelta(seconds=self.lease_s))
+                kept = self._keep_leases(s, leases)
                 for n, (i, w) in enumerate(judged):
                     if n not in stored:
                         outcomes[i] = "duplicate"
@@ -1180,6 +1255,25 @@ class Pipeline:
         for group_pk in flipped:
             self.dispatcher.dispatch_aggregation(group_pk)
         return outcomes
+
+    def _keep_leases(self, s: Session, leases: Sequence[tuple[int, str]]) -> set[int]:
+        """The leases still held; those a quarter through their time are renewed too.
+
+        Renewing after every judgment rewrote a unit's row per judgment: the largest
+        share of the database's work per call. Checking is a read.
+        """
+        started = time.monotonic()
+        due = [lease for lease in leases if started - self._lease_set_at.get(lease[0], 0.0) > self.lease_s / 4]
+        not_due = [lease for lease in leases if started - self._lease_set_at.get(lease[0], 0.0) <= self.lease_s / 4]
+        kept = held_leases(s, not_due)
+        if due:
+            renewed = renew_leases(s, due, now() + timedelta(seconds=self.lease_s))
+            if len(self._lease_set_at) > 100_000:
+                self._lease_set_at.clear()
+            for unit_id in renewed:
+                self._lease_set_at[unit_id] = started
+            kept |= renewed
+        return kept
 
     # ------------------------------------------------------------------ snippets waiting on visits
 
@@ -1586,6 +1680,22 @@ def _observe(result: JudgeResult[Any]) -> None:
     metrics.JUDGE_TOKENS.labels(result.backend, result.kind, "completion").inc(result.completion_tokens)
     for attempt in result.attempts:
         metrics.JUDGE_ATTEMPTS.labels(result.backend, result.kind, attempt.outcome).inc()
+
+
+#: The columns of a new work unit that ingest fills (the rest start empty).
+_UNIT_COLUMNS = ("group_pk", "kind", "unit_key", "rollout_id", "rubric_id", "turn_index", "status", "dedupe_turns")
+
+
+def _release_slot(slots: PrioritySlots) -> Callable[[asyncio.Future[Any]], None]:
+    """Done-callback of a pipelined store: give its judge slot back and log a failure
+    (the chain that started it may already have ended with another error)."""
+
+    def done(task: asyncio.Future[Any]) -> None:
+        slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("storing a judgment failed", exc_info=task.exception())
+
+    return done
 
 
 def _changed(s: Session, statement: Any) -> int:

@@ -11,13 +11,13 @@ SQLite (embedded mode) takes the portable path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, insert, text, tuple_, update
+from sqlalchemy import JSON, Table, insert, select, text, tuple_, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
@@ -53,6 +53,47 @@ def store_judgments(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
     if s.get_bind().dialect.name == "postgresql":
         return _store_postgres(s, rows)
     return _store_portable(s, rows)
+
+
+def copy_rows(s: Session, table: Table, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    """Append rows to ``table`` in the session's transaction: COPY on Postgres.
+
+    Ingest writes a step's turn bodies, megabytes of page text: COPY streams them in
+    one command, where an INSERT per row (even pipelined) cost the API more CPU than
+    validating the whole batch. Values are Python values, as for an INSERT.
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        driver = s.connection().connection.driver_connection
+        assert driver is not None
+        as_json = [isinstance(table.c[c].type, JSON) for c in columns]
+        names = ", ".join(f'"{c}"' for c in columns)
+        with driver.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
+            for row in rows:
+                copy.write_row(
+                    [orjson.dumps(v).decode() if j and v is not None else v for v, j in zip(row, as_json, strict=True)]
+                )
+        return
+    s.connection().execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
+
+
+def held_leases(s: Session, leases: Sequence[tuple[int, str]]) -> set[int]:
+    """The units of these (unit, owner) leases that their owner still holds (read only).
+
+    Renewing a lease rewrites its unit's row; a batch whose leases are far from expiring
+    only needs to know they are still held (not taken over, not cancelled).
+    """
+    if not leases:
+        return set()
+    if s.get_bind().dialect.name == "postgresql":
+        payload = orjson.dumps([{"id": unit_id, "owner": owner} for unit_id, owner in leases]).decode()
+        return set(s.connection().scalars(_PG_HELD, {"leases": payload}))
+    return set(
+        s.connection().scalars(
+            select(m.WorkUnit.id).where(
+                tuple_(m.WorkUnit.id, m.WorkUnit.lease_owner).in_(leases), m.WorkUnit.status == "running"
+            )
+        )
+    )
 
 
 def renew_leases(s: Session, leases: Sequence[tuple[int, str]], expires: datetime) -> set[int]:
@@ -136,6 +177,15 @@ SELECT n FROM matched
 
 
 _PG_STORE = text(_pg_store_sql())
+
+_PG_HELD = text(
+    """
+SELECT work_units.id FROM work_units
+JOIN json_to_recordset(CAST(:leases AS json)) AS x(id int, owner text)
+ON work_units.id = x.id AND work_units.lease_owner = x.owner
+WHERE work_units.status = 'running'
+"""
+)
 
 _PG_RENEW = text(
     """
