@@ -153,7 +153,10 @@ class BatchWriter(Generic[Item, Out]):
     While batches are being written, new items queue up and form the next batch, so under
     load each transaction carries many writes and with one chain it adds no delay. Up to
     ``concurrency`` batches are written at once, so one slow transaction does not hold
-    up every chain of the process.
+    up every chain of the process. A batch short of ``max_batch`` waits ``linger_s`` for
+    more writes first: a transaction costs about the same for one write as for a
+    hundred, and at a few hundred judgments a second without it most batches carried a
+    handful (a chain does not wait for its stores, see the pipeline).
     """
 
     def __init__(
@@ -162,11 +165,13 @@ class BatchWriter(Generic[Item, Out]):
         write: Callable[[Sequence[Item]], list[Out]],
         max_batch: int = 500,
         concurrency: int = 3,
+        linger_s: float = 0.0,
     ):
         self.engine = engine
         self._write = write
         self.max_batch = max_batch
         self.concurrency = concurrency
+        self.linger_s = linger_s
         self._pending: list[tuple[Item, asyncio.Future[Out]]] = []
         self._running = 0
         self._drains: set[asyncio.Task[None]] = set()  # referenced until done (not collected)
@@ -185,6 +190,8 @@ class BatchWriter(Generic[Item, Out]):
     async def _drain(self) -> None:
         try:
             while self._pending:
+                if self.linger_s and len(self._pending) < self.max_batch:
+                    await asyncio.sleep(self.linger_s)
                 batch, self._pending = self._pending[: self.max_batch], self._pending[self.max_batch :]
                 try:
                     results = await self.engine.db(self._write, [item for item, _ in batch])

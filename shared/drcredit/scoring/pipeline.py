@@ -144,6 +144,7 @@ class Pipeline:
         claims: bool = False,
         judge_concurrency: int = 64,
         db_threads: int = 6,
+        write_linger_s: float = 0.05,
     ):
         self.db = db
         self.lease_s = lease_s
@@ -172,7 +173,9 @@ class Pipeline:
         self._stopping = threading.Event()
         self.engine = Engine(judge_concurrency, db_threads)
         self.engine.on_close(judge.aclose)
-        self._writer: BatchWriter[_Write, StoreOutcome] = BatchWriter(self.engine, self._write_batch)
+        self._writer: BatchWriter[_Write, StoreOutcome] = BatchWriter(
+            self.engine, self._write_batch, linger_s=write_linger_s
+        )
 
     def stop(self) -> None:
         """Ask running chains to return after their current judge call (resumable)."""
