@@ -921,7 +921,7 @@ class Pipeline:
                         continue
                 async with slots.slot(remaining):
                     result, stored = await self._judge_once(group_pk, key, "visit", call, store)
-                pending_finishes = last
+                pending_finishes = last and stored == "stored"
             else:
                 await slots.acquire(remaining)
                 try:
