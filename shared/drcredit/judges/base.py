@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import random
 import time
 from abc import ABC, abstractmethod
@@ -22,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+import orjson
 from tenacity import (
     AsyncRetrying,
     RetryError,
@@ -311,7 +311,7 @@ def parse_json_answer(text: str) -> Any:
         candidates.append(stripped[start : end + 1])
     for candidate in candidates:
         try:
-            value = json.loads(candidate)
+            value = orjson.loads(candidate)
         except ValueError:
             continue
         if isinstance(value, dict):

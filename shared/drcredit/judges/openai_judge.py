@@ -152,7 +152,7 @@ class OpenAIJudge(Judge):
 def _completion(raw: bytes) -> Completion:
     """Read a chat-completions body; anything unreadable is an invalid answer (retried)."""
     try:
-        body = json.loads(raw)
+        body = orjson.loads(raw)
         choice = body["choices"][0]
         content = choice["message"].get("content") or ""
         usage = body.get("usage") or {}
