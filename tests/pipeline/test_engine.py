@@ -51,6 +51,31 @@ def test_writes_made_while_a_batch_is_written_form_the_next_batch() -> None:
     assert batches == [[0], [1, 2, 3, 4, 5]]
 
 
+def test_a_lingering_writer_gathers_writes_that_arrive_within_its_linger_into_one_batch() -> None:
+    engine = Engine(judge_concurrency=4, db_threads=2)
+    batches: list[list[int]] = []
+
+    def write(items: Sequence[int]) -> list[int]:
+        batches.append(list(items))
+        return list(items)
+
+    writer: BatchWriter[int, int] = BatchWriter(engine, write, concurrency=3, linger_s=0.2)
+
+    async def main() -> list[int]:
+        puts = []
+        for i in range(4):
+            puts.append(asyncio.ensure_future(writer.put(i)))
+            await asyncio.sleep(0.02)  # one write every 20 ms: without the linger, a batch each
+        return await asyncio.gather(*puts)
+
+    try:
+        results = engine.submit(main()).result(10)
+    finally:
+        engine.close()
+    assert results == [0, 1, 2, 3]
+    assert batches == [[0, 1, 2, 3]]
+
+
 def test_a_failed_batch_fails_each_of_its_writes_and_the_writer_goes_on() -> None:
     engine = Engine(judge_concurrency=4, db_threads=2)
     calls = 0
