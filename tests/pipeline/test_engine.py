@@ -14,7 +14,7 @@ from sqlalchemy import select
 from drcredit.scoring.dispatch import UnitRef, unit_batches
 from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.storage import models as m
-from drcredit.storage.bulk import JudgmentRow, held_leases, renew_leases, store_judgments
+from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database
 from drcredit.storage.migrate import upgrade
 from tests.support.infra import postgres_database
@@ -218,6 +218,28 @@ def test_store_skips_what_is_stored_and_writes_attempts_and_points(db: Database)
     assert all(answer == {"level": level} for _, level, answer in judgments)
     assert len(attempts) == 3
     assert [tuple(p) for p in points] == [(0, 0, "a"), (1, 0, "b"), (2, 2, "c")]
+
+
+def test_copied_rows_read_back_as_written_json_included(db: Database) -> None:
+    group_pk = _group(db)
+    with db.session() as s:
+        rollout = m.Rollout(group_pk=group_pk, position=0, rollout_id="r0", content_hash="h")
+        s.add(rollout)
+        s.flush()
+        rollout_pk = rollout.id
+    # Text COPY has its own escapes (backslash, tab, newline): page text carries them all.
+    awkward = {"type": "visit", "evidence": 'a\tb\n "quoted" back\\slash \\t é 中', "n": None}
+    bodies = [awkward, {"type": "answer", "answer": "plain"}]
+    with db.session() as s:
+        copy_rows(
+            s,
+            m.Turn.__table__,
+            ("rollout_pk", "index", "type", "body"),
+            [(rollout_pk, i, b["type"], b) for i, b in enumerate(bodies)],
+        )  # type: ignore[arg-type]
+    with db.session() as s:
+        stored = s.execute(select(m.Turn.index, m.Turn.type, m.Turn.body).order_by(m.Turn.index)).all()
+    assert [(i, t, b) for i, t, b in stored] == [(i, b["type"], b) for i, b in enumerate(bodies)]
 
 
 def test_a_lease_is_held_only_by_its_owner_while_running_and_renewal_moves_its_expiry(db: Database) -> None:
