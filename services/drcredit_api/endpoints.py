@@ -73,7 +73,7 @@ async def _wait_until_final(rt: Runtime, statuses: Callable[[Any], list[str]], w
         if all(st in ("done", "failed") for st in current) or time.monotonic() >= deadline:
             return
         await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-        interval = min(interval * 1.5, 0.05)
+        interval = min(interval * 1.5, 0.1)
 
 
 # ---------------------------------------------------------------------------- ingest
