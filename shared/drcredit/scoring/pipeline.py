@@ -755,11 +755,11 @@ class Pipeline:
                 taken.append(unit)
             if not taken:
                 return out
-            # On the connection (Core): the ORM's bulk-update bookkeeping (synchronizing
-            # loaded objects, of which a claim has none) cost more than the statement.
             claimed_at = time.monotonic()
             for u in taken:
                 self._lease_set_at[u.id] = claimed_at
+            # On the connection (Core): the ORM's bulk-update bookkeeping (synchronizing
+            # loaded objects, of which a claim has none) cost more than the statement.
             s.connection().execute(
                 update(wu)
                 .where(wu.id.in_([u.id for u in taken]))
@@ -1262,8 +1262,8 @@ class Pipeline:
     def _keep_leases(self, s: Session, leases: Sequence[tuple[int, str]]) -> set[int]:
         """The leases still held; those a quarter through their time are renewed too.
 
-        Renewing after every judgment rewrote a unit's row per judgment: the largest
-        share of the database's work per call. Checking is a read.
+        Renewing after every judgment rewrote a unit's row per judgment, the second
+        largest share of the database's work per call. Checking is a read.
         """
         started = time.monotonic()
         due = [lease for lease in leases if started - self._lease_set_at.get(lease[0], 0.0) > self.lease_s / 4]
