@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -63,6 +63,9 @@ from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_lea
 from drcredit.storage.database import Database, is_lock_conflict
 
 log = logging.getLogger("drcredit.pipeline")
+
+#: Groups of a batch stored at once (each in its own transaction).
+INGEST_THREADS = 3
 R = TypeVar("R", VisitVerdict, SnippetVerdict)
 S = TypeVar("S")
 StoreOutcome = Literal["stored", "duplicate", "lost"]
@@ -296,8 +299,15 @@ class Pipeline:
         # ingest of the others.
         order = sorted(range(len(groups)), key=lambda i: -_longest_chain(groups[i]))
         by_position: dict[int, Submitted] = {}
-        for i in order:
-            by_position[i] = self.submit_group(tenant, groups[i], position=i, prepared=(dumped[i], hashes[i]))
+        # On Postgres a few groups are stored at once: while one transaction waits on the
+        # server (its COPY of turn bodies, its commit), another builds its rows. SQLite
+        # has one writer at a time.
+        threads = INGEST_THREADS if self.db.engine.dialect.name == "postgresql" else 1
+        with ThreadPoolExecutor(threads, thread_name_prefix="drcredit-ingest") as pool:
+            stored = pool.map(
+                lambda i: self.submit_group(tenant, groups[i], position=i, prepared=(dumped[i], hashes[i])), order
+            )
+            by_position.update(zip(order, stored, strict=True))
         submitted = [by_position[i] for i in range(len(groups))]
         try:
             with self.db.session() as s:
