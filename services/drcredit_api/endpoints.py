@@ -191,9 +191,7 @@ def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
 
 def _batch_statuses(s: Any, tenant: str, batch_id: str) -> list[str]:
     """The statuses alone: the long-poll asks this several times a second."""
-    group_ids = s.scalar(select(m.Batch.group_ids).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
-    if group_ids is None:
-        raise NotFound(f"batch {batch_id!r} not found")
+    group_ids = documents.find_batch(s, tenant, batch_id).group_ids
     return list(s.scalars(select(m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids))))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter
 
-from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric
+from drcredit.domain.group import GroupContent, GroupIn, Rubric
 from drcredit.domain.params import ScoringParams
 from drcredit.storage import models
 
@@ -49,24 +49,19 @@ def group_hash(group: GroupIn, dumped: Dumped | None = None) -> str:
     )
 
 
-def rollout_hash(rollout: Rollout) -> str:
-    return canonical_hash(rollout.model_dump(mode="json"))
-
-
 def params_of(row: models.Group) -> ScoringParams:
     return ScoringParams.model_validate(row.params)
 
 
-def content_of(row: models.Group, rollouts: list[models.Rollout] | None = None) -> GroupContent:
-    """Rebuild the validated group content from its rows."""
-    rows = row.rollouts if rollouts is None else rollouts
+def content_of(row: models.Group) -> GroupContent:
+    """Rebuild the validated group content from its rows (loaded with their turn bodies)."""
     return GroupContent.model_validate(
         {
             "question": row.question,
             "rubrics": row.rubrics,
             "rollouts": [
                 {"id": r.rollout_id, "outcome_reward": r.outcome_reward, "turns": [t.body for t in r.turns]}
-                for r in rows
+                for r in row.rollouts
             ],
         }
     )

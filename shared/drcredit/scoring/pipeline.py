@@ -54,7 +54,7 @@ from drcredit.domain.verdicts import (
     VisitVerdict,
 )
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
-from drcredit.scoring.content import Dumped, canonical_hash, group_hash, params_of, rollout_hash, rubrics_of
+from drcredit.scoring.content import Dumped, canonical_hash, group_hash, params_of, rubrics_of
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.scoring.errors import Conflict, NotFound
@@ -207,13 +207,10 @@ class Pipeline:
                 .where(m.Group.id.in_(groups), m.Group.aggregation == "enqueued")
                 .values(aggregation="pending")
             )
-        queued = 0
-        for group_pk in groups:
-            queued += self._dispatch_queued(group_pk)
+        queued = self._dispatch_queued(groups)
         for group_pk, rollout_id in waiting:
             self._release_snippets(group_pk, rollout_id)
-        for group_pk in groups:
-            self._maybe_aggregate(group_pk)
+        self._maybe_aggregate(groups)
         return queued
 
     # ================================================================== ingest
@@ -246,20 +243,10 @@ class Pipeline:
         if not created:
             return
         metrics.GROUPS_INGESTED.inc(len(created))
-        with self.db.session() as s:
-            queued: dict[int, list[UnitRef]] = {pk: [] for pk in created}
-            for unit_id, kind, group_pk, rollout_id in s.execute(
-                select(m.WorkUnit.id, m.WorkUnit.kind, m.WorkUnit.group_pk, m.WorkUnit.rollout_id)
-                .where(m.WorkUnit.group_pk.in_(created), m.WorkUnit.status == "queued")
-                .order_by(m.WorkUnit.id)
-            ):
-                queued[group_pk].append(UnitRef(kind, unit_id, group_pk, rollout_id))  # type: ignore[arg-type]
-            # A group with nothing to judge (every call a deterministic zero or skipped)
-            # goes straight to aggregation.
-            flipped = list(s.connection().scalars(_aggregation_flip(sorted(created)).returning(m.Group.id)))
-        self.dispatcher.dispatch([ref for pk in created for ref in queued[pk]])
-        for group_pk in flipped:
-            self.dispatcher.dispatch_aggregation(group_pk)
+        self._dispatch_queued(created)
+        # A group with nothing to judge (every call a deterministic zero or skipped) goes
+        # straight to aggregation.
+        self._maybe_aggregate(created)
 
     def resolve(self, group: GroupIn) -> GroupIn:
         """Fill the failure policy from settings when the group leaves it unset."""
@@ -413,8 +400,9 @@ class Pipeline:
             existing = s.scalar(
                 select(m.Rollout).where(m.Rollout.group_pk == row.id, m.Rollout.rollout_id == rollout.id)
             )
+            dumped = Dumped({rollout.id: rollout.model_dump(mode="json")})
             if existing is not None:
-                if existing.content_hash != rollout_hash(rollout):
+                if existing.content_hash != dumped.rollout_hash(rollout.id):
                     raise Conflict(
                         f"rollout {rollout.id!r} already exists in group {group_id!r} with different content"
                     )
@@ -443,12 +431,12 @@ class Pipeline:
                 s,
                 row,
                 content,
-                Dumped({rollout.id: rollout.model_dump(mode="json")}),
+                dumped,
                 [_RolloutToStore(row.rollouts_received, rollout, plan, sigs, twins)],
             )
             submitted = Submitted(row.id, row.group_id, row.status, True)
-        self._dispatch_queued(row.id)
-        self._maybe_aggregate(row.id)
+        self._dispatch_queued([row.id])
+        self._maybe_aggregate([row.id])
         return submitted, True
 
     def _store_rollouts(
@@ -620,26 +608,34 @@ class Pipeline:
             self.dispatcher.dispatch(refs)
         for group_pk, rollout_id in waiting:
             self._release_snippets(group_pk, rollout_id)
-        for group_pk in pending:
-            self._maybe_aggregate(group_pk)
+        self._maybe_aggregate(pending)
         return len(refs)
 
     # ================================================================== dispatch
 
-    def _dispatch_queued(self, group_pk: int) -> int:
+    def _dispatch_queued(self, group_pks: Sequence[int]) -> int:
+        """Send the queued units of these groups, group by group in the order given."""
+        if not group_pks:
+            return 0
+        queued: dict[int, list[UnitRef]] = {pk: [] for pk in group_pks}
         with self.db.session() as s:
-            rows = s.execute(
-                select(m.WorkUnit.id, m.WorkUnit.kind, m.WorkUnit.rollout_id)
-                .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status == "queued")
+            for unit_id, kind, group_pk, rollout_id in s.execute(
+                select(m.WorkUnit.id, m.WorkUnit.kind, m.WorkUnit.group_pk, m.WorkUnit.rollout_id)
+                .where(m.WorkUnit.group_pk.in_(group_pks), m.WorkUnit.status == "queued")
                 .order_by(m.WorkUnit.id)
-            ).all()
-        self.dispatcher.dispatch([UnitRef(kind, unit_id, group_pk, rollout) for unit_id, kind, rollout in rows])  # type: ignore[arg-type]
-        return len(rows)
+            ):
+                queued[group_pk].append(UnitRef(kind, unit_id, group_pk, rollout_id))  # type: ignore[arg-type]
+        refs = [ref for pk in group_pks for ref in queued[pk]]
+        self.dispatcher.dispatch(refs)
+        return len(refs)
 
-    def _maybe_aggregate(self, group_pk: int) -> None:
+    def _maybe_aggregate(self, group_pks: Sequence[int]) -> None:
+        """Enqueue the aggregation of those of these groups whose every unit is done."""
+        if not group_pks:
+            return
         with self.db.session() as s:
-            flipped = _changed(s, _aggregation_flip([group_pk]))
-        if flipped:
+            flipped = list(s.connection().scalars(_aggregation_flip(sorted(group_pks)).returning(m.Group.id)))
+        for group_pk in flipped:
             self.dispatcher.dispatch_aggregation(group_pk)
 
     # ================================================================== units
@@ -1276,8 +1272,11 @@ class Pipeline:
         largest share of the database's work per call. Checking is a read.
         """
         started = time.monotonic()
-        due = [lease for lease in leases if started - self._lease_set_at.get(lease[0], 0.0) > self.lease_s / 4]
-        not_due = [lease for lease in leases if started - self._lease_set_at.get(lease[0], 0.0) <= self.lease_s / 4]
+        due: list[tuple[int, str]] = []
+        not_due: list[tuple[int, str]] = []
+        for lease in leases:
+            late = started - self._lease_set_at.get(lease[0], 0.0) > self.lease_s / 4
+            (due if late else not_due).append(lease)
         kept = held_leases(s, not_due)
         if due:
             renewed = renew_leases(s, due, now() + timedelta(seconds=self.lease_s))
@@ -1299,7 +1298,7 @@ class Pipeline:
         if to_dispatch:
             self.dispatcher.dispatch(to_dispatch)
         if skipped:
-            self._maybe_aggregate(group_pk)
+            self._maybe_aggregate([group_pk])
 
     def _release_waiting(
         self, s: Session, rollouts: Mapping[tuple[int, str], ScoringParams | None]

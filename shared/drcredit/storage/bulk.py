@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import orjson
 from sqlalchemy import JSON, Table, insert, select, text, tuple_, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from drcredit.storage import models as m
+from drcredit.storage.database import dump_json
 
 #: The columns that identify a judgment (its unique constraint).
 JUDGMENT_KEY = ("group_pk", "kind", "rollout_id", "turn_index", "rubric_id")
@@ -69,9 +69,7 @@ def copy_rows(s: Session, table: Table, columns: Sequence[str], rows: Iterable[S
         names = ", ".join(f'"{c}"' for c in columns)
         with driver.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
             for row in rows:
-                copy.write_row(
-                    [orjson.dumps(v).decode() if j and v is not None else v for v, j in zip(row, as_json, strict=True)]
-                )
+                copy.write_row([dump_json(v) if j and v is not None else v for v, j in zip(row, as_json, strict=True)])
         return
     s.connection().execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
 
@@ -85,8 +83,7 @@ def held_leases(s: Session, leases: Sequence[tuple[int, str]]) -> set[int]:
     if not leases:
         return set()
     if s.get_bind().dialect.name == "postgresql":
-        payload = orjson.dumps([{"id": unit_id, "owner": owner} for unit_id, owner in leases]).decode()
-        return set(s.connection().scalars(_PG_HELD, {"leases": payload}))
+        return set(s.connection().scalars(_PG_HELD, {"leases": _leases_json(leases)}))
     return set(
         s.connection().scalars(
             select(m.WorkUnit.id).where(
@@ -101,12 +98,8 @@ def renew_leases(s: Session, leases: Sequence[tuple[int, str]], expires: datetim
     if not leases:
         return set()
     if s.get_bind().dialect.name == "postgresql":
-        payload = orjson.dumps([{"id": unit_id, "owner": owner} for unit_id, owner in leases]).decode()
-        return set(
-            s.connection().scalars(
-                _PG_RENEW, {"leases": payload, "expires": expires, "now": datetime.now(expires.tzinfo)}
-            )
-        )
+        params = {"leases": _leases_json(leases), "expires": expires, "now": datetime.now(expires.tzinfo)}
+        return set(s.connection().scalars(_PG_RENEW, params))
     return set(
         s.scalars(
             update(m.WorkUnit)
@@ -178,6 +171,12 @@ SELECT n FROM matched
 
 _PG_STORE = text(_pg_store_sql())
 
+
+def _leases_json(leases: Sequence[tuple[int, str]]) -> str:
+    """(unit, owner) pairs as the JSON parameter of the lease statements below."""
+    return dump_json([{"id": unit_id, "owner": owner} for unit_id, owner in leases])
+
+
 _PG_HELD = text(
     """
 SELECT work_units.id FROM work_units
@@ -202,7 +201,7 @@ def _store_postgres(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
         {**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n, "attempts": row.attempts, "points": row.points}
         for n, row in enumerate(rows)
     ]
-    return set(s.connection().scalars(_PG_STORE, {"rows": orjson.dumps(payload).decode()}))
+    return set(s.connection().scalars(_PG_STORE, {"rows": dump_json(payload)}))
 
 
 # ----------------------------------------------------------------------------- portable

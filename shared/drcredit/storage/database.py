@@ -13,14 +13,17 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
-def _dumps(value: Any) -> str:
-    # Turn bodies and judge answers are most of what is written: orjson encodes them
-    # several times faster than the stdlib (same JSON, keys in insertion order).
+def dump_json(value: Any) -> str:
+    """JSON as the database stores it (the engine's serializer, and bulk parameters).
+
+    Turn bodies and judge answers are most of what is written: orjson encodes them
+    several times faster than the stdlib (same JSON, keys in insertion order).
+    """
     return orjson.dumps(value).decode()
 
 
 def make_engine(url: str, pool_size: int = 10) -> Engine:
-    json_options: dict[str, Any] = {"json_serializer": _dumps, "json_deserializer": orjson.loads}
+    json_options: dict[str, Any] = {"json_serializer": dump_json, "json_deserializer": orjson.loads}
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
