@@ -342,20 +342,17 @@ def sampled(procs: list[Proc], into: Path | None) -> Iterator[None]:
             spy.wait(60)
 
 
-PROFILE_DIR: Path | None = None
-
-
 def run_step(
-    stack: Stack,
     api: str,
     groups: list[dict[str, Any]],
     judge: str,
     measured: list[Proc],
     judge_proc: Proc,
+    profile: Path | None,
     fetch_credits: bool = True,
 ) -> StepRun:
     warm_up(api)
-    with sampled(measured, PROFILE_DIR and PROFILE_DIR / f"step-{uuid.uuid4().hex[:6]}"):
+    with sampled(measured, profile and profile / f"step-{uuid.uuid4().hex[:6]}"):
         return _run_step(api, groups, judge, measured, judge_proc, fetch_credits)
 
 
@@ -431,7 +428,7 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
                 workers.append(
                     start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4))
                 )
-                dist = run_step(stack, api, groups, judge, [api_proc, *workers], judge_proc)
+                dist = run_step(api, groups, judge, [api_proc, *workers], judge_proc, args.profile)
                 fetch = fetch_latencies(api, list(dist.advantages), args.fetches)
                 stack.procs = [judge_proc]
                 for proc in [api_proc, *workers]:
@@ -441,7 +438,7 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
             # Embedded: one API process, SQLite, in-process execution.
             env = platform_env(judge, f"sqlite:///{Path(tmp) / 'embedded.sqlite3'}", None, args.embedded_concurrency)
             api, api_proc = start_api(stack, env)
-            emb = run_step(stack, api, groups, judge, [api_proc], judge_proc, fetch_credits=False)
+            emb = run_step(api, groups, judge, [api_proc], judge_proc, args.profile, fetch_credits=False)
             api_proc.stop()
             # Baseline: asyncio in this process against the same judge.
             httpx.post(f"{judge}/reset")
@@ -526,7 +523,9 @@ def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
                         )
                         for _ in range(workers)
                     ]
-                    run = run_step(stack, api, groups, judge, [api_proc, *procs], judge_proc, fetch_credits=False)
+                    run = run_step(
+                        api, groups, judge, [api_proc, *procs], judge_proc, args.profile, fetch_credits=False
+                    )
                     for proc in [api_proc, *procs]:
                         proc.stop()
             finally:
@@ -692,8 +691,6 @@ def main() -> None:
         "--profile", type=Path, default=None, help="sample the platform's processes with py-spy into this directory"
     )
     args = parser.parse_args()
-    global PROFILE_DIR
-    PROFILE_DIR = args.profile
 
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine()}
     sections = set(args.sections.split(","))
