@@ -1,10 +1,22 @@
 """A seeded training step with realistic shapes (default 32 groups x 8 rollouts).
 
-Per group: 5-8 rubrics (one penalty item in some groups), a pool of web pages of about
-2,000 tokens each carrying fact tags ``{Fn}`` the simulated judge reads, rollouts of 4-18
-research turns of which about half are visits (one or two pages, some failing), search
-results drawn from the same pool so URLs repeat across rollouts of a group, and about
-one rollout in seven stopped by the turn limit (no answer turn).
+Per group: 5-8 rubrics (a penalty item in about half the groups) and a pool of web pages
+of about 2,000 tokens each carrying fact tags ``{Fn}`` the simulated judge reads. A
+rollout has 4-18 research turns, about half of them visits; about one rollout in seven
+stops at the turn limit (18 research turns, no answer turn).
+
+The shapes follow the paper's tool setup (its appendix on tools) and how a research
+agent behaves:
+
+- A search sends one or two queries and gets up to three results per query. Queries
+  come from a small per-question set, so rollouts of a group often send the same query,
+  and the same query always returns the same results: URLs repeat across rollouts.
+- A visit opens one or two URLs, nearly always results the rollout has seen in its own
+  searches and not opened yet (most recent search first); now and then a URL it never
+  saw (a source it knows of). A rollout therefore starts with a search.
+- One page in ten fails (an HTTP error, no evidence).
+- Every turn's reasoning and visit goal are the rollout's own text: sampled rollouts
+  do not repeat each other word for word.
 """
 
 from __future__ import annotations
@@ -18,17 +30,28 @@ WORDS = tuple(
     "incident timeline analysis failure cause evidence summary finding recommendation state".split(" ")
 )
 
+#: Pages a question's searches can return.
+POOL_SIZE = 24
+#: Distinct queries a question's rollouts choose from.
+QUERIES_PER_QUESTION = 10
+RESULTS_PER_QUERY = 3
+PAGE_FAILURE_RATE = 0.1
+#: Chance that a turn after the first is a visit, when the rollout has results to open
+#: (the first turn is a search): about half the research turns end up visits.
+VISIT_RATE = 0.55
+#: Share of visits that open a URL the rollout never saw in its search results.
+UNSEEN_VISIT_RATE = 0.1
+TURN_LIMIT = 18
 
-def _text(rng: random.Random, words: int, facts: list[int]) -> str:
+
+def _text(rng: random.Random, words: int, facts: list[int] | None = None) -> str:
     body = [rng.choice(WORDS) for _ in range(words)]
-    for fact in facts:
+    for fact in facts or ():
         body.insert(rng.randrange(len(body)), f"{{F{fact}}}")
     return " ".join(body)
 
 
-def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2000) -> dict[str, Any]:
-    rng = random.Random(seed)
-    n_rubrics = rng.randint(5, 8)
+def _rubrics(rng: random.Random) -> list[dict[str, Any]]:
     rubrics = [
         {
             "id": f"R{k + 1}",
@@ -37,7 +60,7 @@ def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2
             "weight": float(rng.choice((1, 2, 3))),
             "trusted_evidence": [f"reference fact {k + 1}"],
         }
-        for k in range(n_rubrics)
+        for k in range(rng.randint(5, 8))
     ]
     if rng.random() < 0.5:
         rubrics.append(
@@ -49,8 +72,14 @@ def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2
                 "trusted_evidence": [],
             }
         )
+    return rubrics
+
+
+def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2000) -> dict[str, Any]:
+    rng = random.Random(seed)
+    rubrics = _rubrics(rng)
     pool = []
-    for u in range(24):
+    for u in range(POOL_SIZE):
         facts = rng.sample(range(seed * 100, seed * 100 + 60), rng.randint(1, 4))
         pool.append(
             {
@@ -61,55 +90,83 @@ def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2
                 "summary": _text(rng, 40, facts[:1]),
             }
         )
-    out = []
-    for i in range(rollouts):
-        turns: list[dict[str, Any]] = []
-        n_results = n_pages = 0
-        limit = rng.random() < 1 / 7
-        research = 18 if limit else rng.randint(4, 17)
-        for _ in range(research):
-            if rng.random() < 0.5:
-                picked = rng.sample(pool, rng.randint(1, 2))
-                pages = []
-                for doc in picked:
-                    n_pages += 1
-                    failed = rng.random() < 0.1
-                    pages.append(
-                        {
-                            "id": f"W{n_pages}",
-                            "url": doc["url"],
-                            "evidence": "" if failed else doc["evidence"],
-                            "summary": "" if failed else doc["summary"],
-                            "error": "HTTP 403" if failed else None,
-                        }
-                    )
-                turns.append(
-                    {
-                        "type": "visit",
-                        "reasoning": "read the most promising source",
-                        "call": {"urls": [d["url"] for d in picked], "goal": "find the facts"},
-                        "pages": pages,
-                    }
-                )
-            else:
-                results = []
-                for doc in rng.sample(pool, rng.randint(3, 5)):
-                    n_results += 1
-                    results.append(
-                        {"id": f"S{n_results}", "url": doc["url"], "title": doc["title"], "snippet": doc["snippet"]}
-                    )
-                turns.append(
-                    {
-                        "type": "search",
-                        "reasoning": "search for sources",
-                        "call": {"queries": ["battery fire"]},
-                        "results": results,
-                    }
-                )
-        if not limit:
-            turns.append({"type": "answer", "reasoning": "write it up", "answer": "the report"})
-        out.append({"id": f"r{i}", "outcome_reward": round(rng.random(), 3), "turns": turns})
+    # A search engine answers the same query with the same pages.
+    queries = [
+        (f"{_text(rng, 3)} incident {seed}", rng.sample(range(POOL_SIZE), RESULTS_PER_QUERY))
+        for _ in range(QUERIES_PER_QUESTION)
+    ]
+    out = [_rollout(rng, f"r{i}", pool, queries) for i in range(rollouts)]
     return {"group_id": group_id, "question": f"What caused incident {seed}?", "rubrics": rubrics, "rollouts": out}
+
+
+def _rollout(
+    rng: random.Random, rollout_id: str, pool: list[dict[str, Any]], queries: list[tuple[str, list[int]]]
+) -> dict[str, Any]:
+    limit = rng.random() < 1 / 7
+    research = TURN_LIMIT if limit else rng.randint(4, TURN_LIMIT - 1)
+    turns: list[dict[str, Any]] = []
+    n_results = n_pages = 0
+    searched: list[list[int]] = []  # pool pages each search returned, in result order
+    opened: set[int] = set()
+    for k in range(research):
+        # What the agent may open next: the latest search's results first, top result first.
+        unopened = list(dict.fromkeys(u for found in reversed(searched) for u in found if u not in opened))
+        if k > 0 and unopened and rng.random() < VISIT_RATE:
+            seen = {u for found in searched for u in found}
+            picked: list[int] = []
+            for _ in range(rng.randint(1, 2)):
+                candidates = [u for u in unopened if u not in picked]
+                if candidates and rng.random() >= UNSEEN_VISIT_RATE:
+                    picked.append(candidates[min(int(rng.expovariate(0.7)), len(candidates) - 1)])
+                else:
+                    picked.append(rng.choice([u for u in range(len(pool)) if u not in seen and u not in picked]))
+            opened.update(picked)
+            pages = []
+            for u in picked:
+                n_pages += 1
+                doc = pool[u]
+                failed = rng.random() < PAGE_FAILURE_RATE
+                pages.append(
+                    {
+                        "id": f"W{n_pages}",
+                        "url": doc["url"],
+                        "evidence": "" if failed else doc["evidence"],
+                        "summary": "" if failed else doc["summary"],
+                        "error": "HTTP 403" if failed else None,
+                    }
+                )
+            turns.append(
+                {
+                    "type": "visit",
+                    "reasoning": f"{rollout_id} turn {k}: {_text(rng, 25)}",
+                    "call": {"urls": [pool[u]["url"] for u in picked], "goal": _text(rng, 8)},
+                    "pages": pages,
+                }
+            )
+            continue
+        asked = rng.sample(queries, rng.randint(1, 2))
+        results = []
+        returned: list[int] = []
+        for _, pages_of_query in asked:
+            for u in pages_of_query:
+                if u in returned:
+                    continue
+                returned.append(u)
+                n_results += 1
+                doc = pool[u]
+                results.append({"id": f"S{n_results}", "url": doc["url"], "title": doc["title"], "snippet": doc["snippet"]})
+        searched.append(returned)
+        turns.append(
+            {
+                "type": "search",
+                "reasoning": f"{rollout_id} turn {k}: {_text(rng, 25)}",
+                "call": {"queries": [q for q, _ in asked]},
+                "results": results,
+            }
+        )
+    if not limit:
+        turns.append({"type": "answer", "reasoning": _text(rng, 25), "answer": _text(rng, 200)})
+    return {"id": rollout_id, "outcome_reward": round(rng.random(), 3), "turns": turns}
 
 
 def make_step(groups: int = 32, rollouts: int = 8, seed: int = 0, page_tokens: int = 2000) -> list[dict[str, Any]]:
