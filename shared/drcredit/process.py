@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 
@@ -23,3 +24,17 @@ def tune_gc(threshold: int) -> None:
     gc.freeze()
     _, second, third = gc.get_threshold()
     gc.set_threshold(threshold, second, third)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (not on Windows), else asyncio's.
+
+    A worker's engine loop runs hundreds of judge calls at once; uvloop's C loop and
+    transports cut its CPU per call by about 7% in the benchmark (BENCHMARKS.md), the
+    same loop uvicorn already picks for the API.
+    """
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows, or a minimal install
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()

@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
 
+from drcredit.process import new_event_loop
+
 log = logging.getLogger("drcredit.engine")
 
 T = TypeVar("T")
@@ -90,7 +92,7 @@ class Engine:
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._start_lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = new_event_loop()
                 ready = threading.Event()
 
                 def run() -> None:
