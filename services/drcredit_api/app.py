@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import drcredit
+from drcredit.scoring.events import NotificationListener
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
 from drcredit_api.endpoints import router
@@ -50,9 +51,17 @@ def create_app(
             runtime.db.engine.url.render_as_string(hide_password=True),
             "celery" if settings.distributed else "in-process",
         )
+        listener = None
+        if runtime.db.engine.dialect.name == "postgresql":
+            # Groups finished by workers wake this process's long-polls (NOTIFY).
+            conninfo = runtime.db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            listener = NotificationListener(conninfo, runtime.pipeline.events)
+            listener.start()
         try:
             yield
         finally:
+            if listener is not None:
+                listener.stop()
             runtime.close()
 
     app = FastAPI(title="DrCredit", version=drcredit.__version__, description=DESCRIPTION, lifespan=lifespan)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -64,16 +63,29 @@ async def _read(rt: Runtime, fn: Callable[[Any], T]) -> T:
     return await run_in_threadpool(run)
 
 
-async def _wait_until_final(rt: Runtime, statuses: Callable[[Any], list[str]], wait: float) -> None:
-    """Long-poll: return once every status is final, or when the wait runs out."""
+FINAL = ("done", "failed")
+
+
+async def _wait_until_final(rt: Runtime, statuses: Callable[[Any], dict[int, str]], wait: float) -> None:
+    """Long-poll: return once every group is final, or when the wait runs out.
+
+    The statuses are read again only when the groups are reported finished (see
+    :mod:`drcredit.scoring.events`), or after the events' recheck interval.
+    """
     deadline = time.monotonic() + min(wait, rt.settings.max_wait_s)
-    interval = 0.02
-    while True:
-        current = await _read(rt, statuses)
-        if all(st in ("done", "failed") for st in current) or time.monotonic() >= deadline:
-            return
-        await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-        interval = min(interval * 1.5, 0.1)
+    events = rt.pipeline.events
+
+    def pending(current: dict[int, str]) -> list[int]:
+        return [pk for pk, status in current.items() if status not in FINAL]
+
+    current = await _read(rt, statuses)
+    while pending(current) and time.monotonic() < deadline:
+        with events.watching(pending(current)) as subscription:
+            # Read again once subscribed: a group finished in between is seen here.
+            current = await _read(rt, statuses)
+            if pending(current):
+                await events.wait(subscription, deadline - time.monotonic())
+                current = await _read(rt, statuses)
 
 
 # ---------------------------------------------------------------------------- ingest
@@ -137,12 +149,14 @@ async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
     return await _read(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
 
 
-def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], list[str]]:
-    def statuses(s: Any) -> list[str]:
-        status = s.scalar(select(m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id == group_id))
-        if status is None:
+def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], dict[int, str]]:
+    def statuses(s: Any) -> dict[int, str]:
+        row = s.execute(
+            select(m.Group.id, m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
+        ).one_or_none()
+        if row is None:
             raise NotFound(f"group {group_id!r} not found")
-        return [status]
+        return {row.id: row.status}
 
     return statuses
 
@@ -189,10 +203,13 @@ def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
     return [rows[g] for g in batch.group_ids]
 
 
-def _batch_statuses(s: Any, tenant: str, batch_id: str) -> list[str]:
-    """The statuses alone: the long-poll asks this several times a second."""
+def _batch_statuses(s: Any, tenant: str, batch_id: str) -> dict[int, str]:
+    """The groups' statuses alone, by group row id (what the long-poll waits on)."""
     group_ids = documents.find_batch(s, tenant, batch_id).group_ids
-    return list(s.scalars(select(m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids))))
+    rows = s.execute(
+        select(m.Group.id, m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids))
+    )
+    return {pk: status for pk, status in rows}
 
 
 def _batch_status(groups: list[m.Group]) -> str:

@@ -34,10 +34,11 @@ from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
 
 from drcredit import metrics
-from drcredit.domain.advantages import group_advantages
+from drcredit.domain.advantages import GroupAdvantages, group_advantages
 from drcredit.domain.batch import BatchIn
 from drcredit.domain.credit import (
     Judgments,
+    RolloutCredits,
     RolloutPlan,
     group_credits,
     plan_rollout,
@@ -58,6 +59,7 @@ from drcredit.scoring.content import Dumped, canonical_hash, group_hash, params_
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.scoring.errors import Conflict, NotFound
+from drcredit.scoring.events import GroupEvents, announce_final
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database, is_lock_conflict
@@ -174,6 +176,8 @@ class Pipeline:
         #: Judge requests in flight on the engine loop (only touched from that loop).
         self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
         self._stopping = threading.Event()
+        #: Long-polls of this process wait on these reports of finished groups.
+        self.events = GroupEvents()
         self.engine = Engine(judge_concurrency, db_threads)
         self.engine.on_close(judge.aclose)
         self._writer: BatchWriter[_Write, StoreOutcome] = BatchWriter(
@@ -1432,53 +1436,68 @@ class Pipeline:
                 log.exception("aggregation of group %s failed", group_pk)
                 reason = f"aggregation failed: {type(exc).__name__}: {exc}"
                 group.status, group.error, group.finished_at = "failed", reason, now()
-                metrics.GROUPS_FINISHED.labels("failed").inc()
-                return
-            # Core executemany (one prepared statement per table), not ORM attribute
-            # sets: a group has hundreds of turns and this runs on the aggregator's
-            # hot path.
-            rollout_pks = {r.rollout_id: r.id for r in rollout_rows}
-            rollout_updates: list[dict[str, Any]] = []
-            turn_updates: list[dict[str, Any]] = []
-            for rc, ra in zip(credits, advantages.rollouts, strict=True):
-                rollout_pk = rollout_pks[rc.rollout_id]
-                rollout_updates.append({"pk": rollout_pk, "outcome_advantage": ra.outcome_advantage})
-                for turn_pk, tc, ta in zip(turn_pks.get(rollout_pk, []), rc.turns, ra.turns, strict=True):
-                    turn_updates.append(
-                        {
-                            "pk": turn_pk,
-                            "credit": tc.credit,
-                            "visit_credit": tc.visit_credit,
-                            "visit_credit_uncapped": tc.visit_credit_uncapped,
-                            "navigation_credit": tc.navigation_credit,
-                            "snippet_credit": tc.snippet_credit,
-                            "snippet_matches": tc.snippet_matches,
-                            "normalized_credit": ta.normalized_credit,
-                            "process_advantage": ta.process_advantage,
-                            "advantage": ta.advantage,
-                        }
-                    )
-            turns_table: Table = m.Turn.__table__  # type: ignore[assignment]
-            rollouts_table: Table = m.Rollout.__table__  # type: ignore[assignment]
-            s.connection().execute(update(turns_table).where(turns_table.c.id == bindparam("pk")), turn_updates)
-            s.connection().execute(
-                update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")), rollout_updates
-            )
-            st = advantages.stats
-            group.stats = {
-                "mu_rg": st.mu_rg,
-                "sigma_rg": st.sigma_rg,
-                "mu_o": st.mu_o,
-                "sigma_o": st.sigma_o,
-                "research_turns": st.research_turns,
-            }
-            group.status, group.aggregation, group.finished_at = "done", "done", now()
-            if group.started_at is None:
-                group.started_at = group.finished_at
+                announce_final(s, group_pk)
+                failed = True
+            else:
+                failed = False
+                self._store_aggregation(s, group, rollout_rows, turn_pks, credits, advantages)
+                announce_final(s, group_pk)
             created = group.created_at
-        metrics.GROUPS_FINISHED.labels("done").inc()
-        metrics.GROUP_LATENCY.observe((now() - _aware(created)).total_seconds())
-        log.info("group done", extra={"group_pk": group_pk})
+        self.events.finished([group_pk])
+        metrics.GROUPS_FINISHED.labels("failed" if failed else "done").inc()
+        if not failed:
+            metrics.GROUP_LATENCY.observe((now() - _aware(created)).total_seconds())
+            log.info("group done", extra={"group_pk": group_pk})
+
+    @staticmethod
+    def _store_aggregation(
+        s: Session,
+        group: m.Group,
+        rollout_rows: Sequence[Any],
+        turn_pks: dict[int, list[int]],
+        credits: list[RolloutCredits],
+        advantages: GroupAdvantages,
+    ) -> None:
+        """Write a group's credits and advantages and mark it done, in ``s``."""
+        # Core executemany (one prepared statement per table), not ORM attribute
+        # sets: a group has hundreds of turns and this runs on the aggregator's
+        # hot path.
+        rollout_pks = {r.rollout_id: r.id for r in rollout_rows}
+        rollout_updates: list[dict[str, Any]] = []
+        turn_updates: list[dict[str, Any]] = []
+        for rc, ra in zip(credits, advantages.rollouts, strict=True):
+            rollout_pk = rollout_pks[rc.rollout_id]
+            rollout_updates.append({"pk": rollout_pk, "outcome_advantage": ra.outcome_advantage})
+            for turn_pk, tc, ta in zip(turn_pks.get(rollout_pk, []), rc.turns, ra.turns, strict=True):
+                turn_updates.append(
+                    {
+                        "pk": turn_pk,
+                        "credit": tc.credit,
+                        "visit_credit": tc.visit_credit,
+                        "visit_credit_uncapped": tc.visit_credit_uncapped,
+                        "navigation_credit": tc.navigation_credit,
+                        "snippet_credit": tc.snippet_credit,
+                        "snippet_matches": tc.snippet_matches,
+                        "normalized_credit": ta.normalized_credit,
+                        "process_advantage": ta.process_advantage,
+                        "advantage": ta.advantage,
+                    }
+                )
+        turns_table: Table = m.Turn.__table__  # type: ignore[assignment]
+        rollouts_table: Table = m.Rollout.__table__  # type: ignore[assignment]
+        s.connection().execute(update(turns_table).where(turns_table.c.id == bindparam("pk")), turn_updates)
+        s.connection().execute(update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")), rollout_updates)
+        st = advantages.stats
+        group.stats = {
+            "mu_rg": st.mu_rg,
+            "sigma_rg": st.sigma_rg,
+            "mu_o": st.mu_o,
+            "sigma_o": st.sigma_o,
+            "research_turns": st.research_turns,
+        }
+        group.status, group.aggregation, group.finished_at = "done", "done", now()
+        if group.started_at is None:
+            group.started_at = group.finished_at
 
     def fail_group(self, group_pk: int, reason: str) -> None:
         with self.db.session() as s:
@@ -1494,7 +1513,9 @@ class Pipeline:
                     .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status.in_(("queued", "running", "waiting")))
                     .values(status="cancelled", lease_owner=None, lease_expires_at=None)
                 )
+                announce_final(s, group_pk)
         if changed:
+            self.events.finished([group_pk])
             metrics.GROUPS_FINISHED.labels("failed").inc()
             log.warning("group failed: %s", reason, extra={"group_pk": group_pk})
 

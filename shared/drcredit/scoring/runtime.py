@@ -56,6 +56,8 @@ class Runtime:
             db_threads=db_threads,
         )
         if isinstance(dispatcher, InProcessDispatcher):
+            # Every group finishes in this process: its long-polls hear of it directly.
+            pipeline.events.local = True
             dispatcher.bind(pipeline.submit_units, pipeline.submit_aggregation)
             resumed = pipeline.resume()
             if resumed:
