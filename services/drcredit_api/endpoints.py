@@ -186,7 +186,7 @@ async def post_replay(group_id: str, body: schemas.ReplayRequest, tenant: Tenant
     """Advantages recomputed from stored judgments under other parameters (no judge call)."""
 
     def run(s: Any) -> dict[str, Any]:
-        group = documents.find_group(s, tenant, group_id, bodies=True)
+        group = documents.find_group(s, tenant, group_id)
         result = replay(s, group, body.params)
         s.add(m.Replay(group_pk=group.id, params=result["params"], result=result))
         return result

@@ -16,6 +16,7 @@ from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database
+from drcredit.storage.histories import support_histories
 from drcredit.storage.migrate import upgrade
 from tests.support.infra import postgres_database
 
@@ -177,47 +178,61 @@ def _group(db: Database) -> int:
         return row.id
 
 
-def _row(group_pk: int, turn: int, level: int, points: list[str], prior: int) -> JudgmentRow:
-    values = {
-        "group_pk": group_pk,
-        "kind": "visit",
-        "rollout_id": "r0",
-        "turn_index": turn,
-        "rubric_id": "R1",
-        "status": "ok",
-        "level": level,
-        "support_points": points,
-        "answer": {"level": level},
-        "prior_support": prior,
-        "cache_hit": False,
-        "attempt_count": 1,
-        "created_at": datetime.now(UTC),
-    }
-    attempts = [
-        {"number": 1, "outcome": "ok", "error": None, "latency_s": 0.5, "prompt_tokens": 10, "completion_tokens": 2}
-    ]
-    return JudgmentRow(values, attempts, points)
+def _row(group_pk: int, turn: int, level: int, points: list[str], prior: int, status: str = "ok") -> JudgmentRow:
+    return JudgmentRow(
+        {
+            "group_pk": group_pk,
+            "kind": "visit",
+            "rollout_id": "r0",
+            "turn_index": turn,
+            "rubric_id": "R1",
+            "status": status,
+            "level": level,
+            "support_points": points,
+            "answer": {"level": level},
+            "prior_support": prior,
+            "cache_hit": False,
+            "attempt_count": 1,
+            "attempts": [
+                {
+                    "number": 1,
+                    "outcome": "ok",
+                    "error": None,
+                    "latency_s": 0.5,
+                    "prompt_tokens": 10,
+                    "completion_tokens": 2,
+                }
+            ],
+            "created_at": datetime.now(UTC),
+        }
+    )
 
 
-def test_store_skips_what_is_stored_and_writes_attempts_and_points(db: Database) -> None:
+def test_store_skips_what_is_stored_and_histories_read_back_in_turn_order(db: Database) -> None:
     group_pk = _group(db)
     with db.session() as s:
         assert store_judgments(s, [_row(group_pk, 0, 2, ["a", "b"], 0), _row(group_pk, 1, 0, [], 2)]) == {0, 1}
-    # A second delivery stores turn 1 again (skipped) together with turn 2 (new).
+    # A second delivery stores turn 1 again (skipped) together with turns 2 and 3 (new);
+    # turn 3 failed: whatever it holds is not support.
     with db.session() as s:
-        assert store_judgments(s, [_row(group_pk, 1, 0, [], 2), _row(group_pk, 2, 1, ["c"], 2)]) == {1}
+        stored = store_judgments(
+            s,
+            [
+                _row(group_pk, 1, 0, [], 2),
+                _row(group_pk, 3, 1, ["x"], 3, status="failed"),
+                _row(group_pk, 2, 1, ["c"], 2),
+            ],
+        )
+        assert stored == {1, 2}
     with db.session() as s:
-        judgments = s.execute(select(m.Judgment.turn_index, m.Judgment.level, m.Judgment.answer)).all()
-        attempts = s.scalars(select(m.JudgmentAttempt.judgment_pk)).all()
-        points = s.execute(
-            select(m.SupportPoint.position, m.SupportPoint.turn_index, m.SupportPoint.text).order_by(
-                m.SupportPoint.position
-            )
+        judgments = s.execute(
+            select(m.Judgment.turn_index, m.Judgment.level, m.Judgment.answer, m.Judgment.attempts)
         ).all()
-    assert sorted((t, lvl) for t, lvl, _ in judgments) == [(0, 2), (1, 0), (2, 1)]
-    assert all(answer == {"level": level} for _, level, answer in judgments)
-    assert len(attempts) == 3
-    assert [tuple(p) for p in points] == [(0, 0, "a"), (1, 0, "b"), (2, 2, "c")]
+        histories = support_histories(s, [group_pk])
+    assert sorted((t, lvl) for t, lvl, _, _ in judgments) == [(0, 2), (1, 0), (2, 1), (3, 1)]
+    assert all(answer == {"level": level} for _, level, answer, _ in judgments)
+    assert all([a["number"] for a in attempts] == [1] for *_, attempts in judgments)
+    assert histories == {(group_pk, "r0", "R1"): [(0, "a"), (0, "b"), (2, "c")]}
 
 
 def test_copied_rows_read_back_as_written_json_included(db: Database) -> None:

@@ -5,6 +5,7 @@ The judge is the real ``openai`` backend talking HTTP to a scripted server.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -12,10 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import update
+
 from drcredit.domain.group import GroupIn
 from drcredit.scoring import documents
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.runtime import Runtime
+from drcredit.storage import models as m
 from tests.support.api import settings_for
 from tests.support.builders import answer, group, page, rollout, rubric, search, visit
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
@@ -233,3 +237,79 @@ def test_restart_resumes_without_repeating_answered_calls(tmp_path: Path) -> Non
             for c in server.calls
         )
         assert max(keys.values()) == 1 and len(keys) == 12
+
+
+class _Holding:
+    """A dispatcher that leaves work queued in the database, as a stopped process does."""
+
+    def dispatch(self, units: Any) -> None:
+        pass
+
+    def dispatch_aggregation(self, group_pk: int) -> None:
+        pass
+
+
+def _finished(rt: Runtime, group_id: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        with rt.db.session() as s:
+            row = documents.find_group(s, "t", group_id, full=True)
+            if row.status == "done":
+                return {"advantages": documents.advantages_document(row), "credits": documents.credits_document(s, row)}
+        assert time.monotonic() < deadline, "group did not finish"
+        time.sleep(0.05)
+
+
+def _judged(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [
+        (r["id"], t["index"], j["kind"], j.get("rubric_id"), j.get("level"), j.get("match_count"), j["status"])
+        for r in doc["credits"]["rollouts"]
+        for t in r["turns"]
+        for j in t["judgments"]
+    ]
+
+
+def test_a_group_stored_before_outlines_and_snippet_payloads_scores_the_same(
+    tmp_path: Path, marker_judge: JudgeServer
+) -> None:
+    """Rows from before migration 0002 have no outline and no snippet payload: units then
+    read the rollout and aggregation its turn bodies, with the same requests and results."""
+    g = group(
+        rollout(
+            "a",
+            search(("S1", "https://x.org/1"), ("S2", "https://n.org/1", "[R1] a fact")),
+            visit(page("W1", "https://x.org/1", "[R1:1:a]")),
+            answer(),
+            reward=1.0,
+        ),
+        rollout(
+            "b",
+            search(("S1", "https://n.org/2", "[R2] other fact"), ("S2", "https://y.org/2")),
+            visit(page("W1", "https://y.org/2", "[R2:2:b]")),
+            search(("S3", "https://n.org/3", "[R1] third")),
+            reward=0.0,
+        ),
+        rubrics=[rubric("R1"), rubric("R2")],
+    )
+    (tmp_path / "new").mkdir()
+    with runtime(tmp_path / "new", marker_judge) as rt:
+        reference = score(rt, g)
+    reference_requests = sorted(json.dumps(c.document, sort_keys=True) for c in marker_judge.calls)
+    marker_judge.calls.clear()
+
+    (tmp_path / "old").mkdir()
+    url = f"sqlite:///{tmp_path / 'old' / 'db.sqlite3'}"
+    held = Runtime.build(settings_for(url, marker_judge.url), dispatcher=_Holding())
+    try:
+        stored = held.pipeline.submit_group("t", g)
+        with held.db.session() as s:
+            s.execute(update(m.Rollout).values(outline=None))
+            s.execute(update(m.WorkUnit).values(payload=None))
+    finally:
+        held.close()
+    with runtime(tmp_path / "old", marker_judge) as rt:  # resumes the stored units
+        legacy = _finished(rt, stored.group_id)
+    assert marker_judge.count("snippet") >= 2  # snippet calls were made the old way
+    assert sorted(json.dumps(c.document, sort_keys=True) for c in marker_judge.calls) == reference_requests
+    assert legacy["advantages"]["rollouts"] == reference["advantages"]["rollouts"]
+    assert _judged(legacy) == _judged(reference)

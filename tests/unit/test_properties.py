@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from drcredit.domain.advantages import SIGMA_FLOOR, GroupAdvantages, group_advantages
 from drcredit.domain.credit import Judgments, RolloutCredits, group_credits, plan_rollout
 from drcredit.domain.group import GroupIn, VisitTurn
+from drcredit.domain.outline import outline_turns
 from drcredit.domain.params import ScoringParams
 
 SETTINGS = settings(max_examples=150, deadline=None)
@@ -341,3 +342,34 @@ def test_raising_a_visit_level_never_lowers_a_credit(case: Case, data: st.DataOb
             if (b.rollout_id, tb.index) == (rid, turn_index):
                 assert ta.visit_credit_uncapped is not None and tb.visit_credit_uncapped is not None
                 assert ta.visit_credit_uncapped >= tb.visit_credit_uncapped
+
+
+@SETTINGS
+@given(CASES)
+def test_a_rollouts_outline_plans_and_scores_exactly_as_the_rollout(case: Case) -> None:
+    """Aggregation and replay score outlines (the text taken out): every credit part,
+    advantage and planned call must be the same as from the full rollouts."""
+    outlined = GroupIn.model_validate(
+        {
+            **case.doc,
+            "rollouts": [
+                {
+                    "id": r.id,
+                    "outcome_reward": r.outcome_reward,
+                    "turns": outline_turns(r.model_dump(mode="json")["turns"]),
+                }
+                for r in case.group.rollouts
+            ],
+        }
+    )
+    credits, adv = score(case)
+    outline_credits, outline_adv = score(case, group=outlined)
+    assert outline_credits == credits
+    assert outline_adv == adv
+    for full, short in zip(case.group.rollouts, outlined.rollouts, strict=True):
+        plan, outline_plan = plan_rollout(case.group, full, case.params), plan_rollout(outlined, short, case.params)
+        assert outline_plan.chains == plan.chains
+        assert outline_plan.deterministic_zero_visits == plan.deterministic_zero_visits
+        assert [
+            (t.turn_index, t.navigation_visits, [r.id for r in t.eligible]) for t in outline_plan.snippet_tasks
+        ] == [(t.turn_index, t.navigation_visits, [r.id for r in t.eligible]) for t in plan.snippet_tasks]

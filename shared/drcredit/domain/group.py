@@ -86,8 +86,12 @@ class Page(_Model):
 
     @property
     def usable(self) -> bool:
-        """A page with no error and non-blank evidence (SPEC section 3)."""
-        return not self.error and bool(self.evidence and self.evidence.strip())
+        return page_usable(self.error, self.evidence)
+
+
+def page_usable(error: str | None, evidence: str | None) -> bool:
+    """A page with no error and non-blank evidence (SPEC section 3)."""
+    return not error and bool(evidence and evidence.strip())
 
 
 class VisitTurn(_Model):

@@ -8,8 +8,11 @@ from typing import Any
 
 import orjson
 from pydantic import TypeAdapter
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from drcredit.domain.group import GroupContent, GroupIn, Rubric
+from drcredit.domain.outline import outline_turns
 from drcredit.domain.params import ScoringParams
 from drcredit.storage import models
 
@@ -53,19 +56,50 @@ def params_of(row: models.Group) -> ScoringParams:
     return ScoringParams.model_validate(row.params)
 
 
-def content_of(row: models.Group) -> GroupContent:
-    """Rebuild the validated group content from its rows (loaded with their turn bodies)."""
+def outlined_rollouts(s: Session, group_pk: int) -> list[tuple[int, dict[str, Any]]]:
+    """The group's rollouts in posted order as (row id, rollout with outlined turns).
+
+    What the credit math reads (drcredit.domain.outline). A rollout stored before
+    outlines existed gets its outline from its turn bodies here.
+    """
+    rows = s.execute(
+        select(models.Rollout.id, models.Rollout.rollout_id, models.Rollout.outcome_reward, models.Rollout.outline)
+        .where(models.Rollout.group_pk == group_pk)
+        .order_by(models.Rollout.position)
+    ).all()
+    bodies: dict[int, list[Any]] = {}
+    missing = [r.id for r in rows if r.outline is None]
+    if missing:
+        for rollout_pk, body in s.execute(
+            select(models.Turn.rollout_pk, models.Turn.body)
+            .where(models.Turn.rollout_pk.in_(missing))
+            .order_by(models.Turn.rollout_pk, models.Turn.index)
+        ):
+            bodies.setdefault(rollout_pk, []).append(body)
+    return [
+        (
+            r.id,
+            {
+                "id": r.rollout_id,
+                "outcome_reward": r.outcome_reward,
+                "turns": r.outline if r.outline is not None else outline_turns(bodies.get(r.id, [])),
+            },
+        )
+        for r in rows
+    ]
+
+
+def outlined_content(s: Session, group: models.Group) -> GroupContent:
+    """The group as the credit math reads it: question, rubrics, outlined rollouts."""
     return GroupContent.model_validate(
         {
-            "question": row.question,
-            "rubrics": row.rubrics,
-            "rollouts": [
-                {"id": r.rollout_id, "outcome_reward": r.outcome_reward, "turns": [t.body for t in r.turns]}
-                for r in row.rollouts
-            ],
+            "question": group.question,
+            "rubrics": group.rubrics,
+            "rollouts": [doc for _, doc in outlined_rollouts(s, group.id)],
         }
     )
 
 
-def rubrics_of(row: models.Group) -> list[Rubric]:
-    return _RUBRICS.validate_python(row.rubrics)
+def parse_rubrics(stored: Any) -> list[Rubric]:
+    """A group's rubrics from their stored JSON."""
+    return _RUBRICS.validate_python(stored)

@@ -10,18 +10,19 @@ from sqlalchemy.orm import Session, selectinload
 
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.storage import models as m
+from drcredit.storage.histories import support_histories
 
 
-def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False, bodies: bool = False) -> m.Group:
-    """``full``: with rollouts and turns; ``bodies``: with the turns' posted bodies too.
+def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) -> m.Group:
+    """``full``: with rollouts and turns (their results, not their posted bodies).
 
     The documents read only the turns' results, and a step's turn bodies are megabytes
-    of page text: loading them only when asked keeps fetching a batch's advantages fast.
+    of page text: they are never loaded here.
     """
     query = select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
-    if full or bodies:
-        turns = selectinload(m.Group.rollouts).selectinload(m.Rollout.turns)
-        query = query.options(turns if bodies else turns.defer(m.Turn.body, raiseload=True))
+    if full:
+        turns = selectinload(m.Group.rollouts).selectinload(m.Rollout.turns).defer(m.Turn.body, raiseload=True)
+        query = query.options(turns)
     row = s.scalar(query)
     if row is None:
         raise NotFound(f"group {group_id!r} not found")
@@ -130,22 +131,14 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
     judgments = s.scalars(
         select(m.Judgment)
         .where(m.Judgment.group_pk == group.id)
-        .options(selectinload(m.Judgment.attempts))
         .order_by(m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.rubric_id)
     ).all()
     by_turn: dict[tuple[str, int], list[m.Judgment]] = {}
     for j in judgments:
         by_turn.setdefault((j.rollout_id, j.turn_index), []).append(j)
-    points = s.scalars(
-        select(m.SupportPoint)
-        .where(m.SupportPoint.group_pk == group.id)
-        .order_by(m.SupportPoint.rollout_id, m.SupportPoint.rubric_id, m.SupportPoint.position)
-    ).all()
     histories: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for p in points:
-        histories.setdefault(p.rollout_id, {}).setdefault(p.rubric_id, []).append(
-            {"turn_index": p.turn_index, "text": p.text}
-        )
+    for (_, rollout_id, rubric_id), points in sorted(support_histories(s, [group.id]).items()):
+        histories.setdefault(rollout_id, {})[rubric_id] = [{"turn_index": t, "text": text} for t, text in points]
     rollouts = []
     for r in group.rollouts:
         turns = []
@@ -190,7 +183,8 @@ def _judgment(j: m.Judgment) -> dict[str, Any]:
         prompt_tokens=j.prompt_tokens,
         completion_tokens=j.completion_tokens,
         attempts=[
-            {"number": a.number, "outcome": a.outcome, "error": a.error, "latency_s": a.latency_s} for a in j.attempts
+            {"number": a["number"], "outcome": a["outcome"], "error": a["error"], "latency_s": a["latency_s"]}
+            for a in j.attempts or ()
         ],
     )
     return out

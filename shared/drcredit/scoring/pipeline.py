@@ -46,7 +46,8 @@ from drcredit.domain.credit import (
     visit_credit,
 )
 from drcredit.domain.dedupe import signatures, twin_turns
-from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric, VisitTurn
+from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric, SearchResult, VisitTurn
+from drcredit.domain.outline import outline_turns
 from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import (
     RejectedMatch,
@@ -55,7 +56,7 @@ from drcredit.domain.verdicts import (
     VisitVerdict,
 )
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
-from drcredit.scoring.content import Dumped, canonical_hash, group_hash, params_of, rubrics_of
+from drcredit.scoring.content import Dumped, canonical_hash, group_hash, outlined_rollouts, params_of, parse_rubrics
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.scoring.errors import Conflict, NotFound
@@ -63,6 +64,7 @@ from drcredit.scoring.events import GroupEvents, announce_final
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database, is_lock_conflict
+from drcredit.storage.histories import support_histories
 
 log = logging.getLogger("drcredit.pipeline")
 
@@ -108,6 +110,8 @@ class Claimed:
     done: frozenset[int]
     history: tuple[str, ...]
     snippet_done: bool
+    #: A snippet call's eligible results, stored at ingest (None: read the rollout).
+    payload: tuple[SearchResult, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,9 @@ class Pipeline:
         #: (monotonic seconds): a lease is renewed only once a quarter of it has passed.
         self._lease_set_at: dict[int, float] = {}
         self._plans: OrderedDict[tuple[int, str], RolloutPlan] = OrderedDict()
+        #: Question and positive rubrics per group, for snippet calls (which carry their
+        #: results and need nothing else of the group). Filled by claims.
+        self._headers: OrderedDict[int, tuple[str, tuple[Rubric, ...]]] = OrderedDict()
         #: Judge requests in flight on the engine loop (only touched from that loop).
         self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
         self._stopping = threading.Event()
@@ -467,6 +474,7 @@ class Pipeline:
                         "content_hash": dumped.rollout_hash(item.rollout.id),
                         "outcome_reward": item.rollout.outcome_reward,
                         "signatures": item.signatures,
+                        "outline": outline_turns(dumped.rollouts[item.rollout.id]["turns"]),
                         "arrived_at": now(),
                     }
                     for item in items
@@ -510,6 +518,7 @@ class Pipeline:
                     "turn_index": None,
                     "status": "queued",
                     "dedupe_turns": sorted(twins & set(chain.turn_indices)),
+                    "payload": None,
                 }
                 for chain in plan.chains
             )
@@ -526,6 +535,7 @@ class Pipeline:
                         "turn_index": task.turn_index,
                         "status": {"call": "queued", "wait": "waiting", "skip": "done"}[decision],
                         "dedupe_turns": [task.turn_index] if task.turn_index in twins else [],
+                        "payload": [r.model_dump(mode="json") for r in task.eligible],
                     }
                 )
                 if decision == "skip":
@@ -738,6 +748,7 @@ class Pipeline:
                     wu.lease_expires_at,
                     wu.dedupe_turns,
                     wu.attempts,
+                    wu.payload,
                 )
                 .where(wu.id.in_(unit_ids))
                 .order_by(wu.id)
@@ -751,6 +762,12 @@ class Pipeline:
                     )
                 )
             }
+            headless = {u.group_pk for u in units if u.payload is not None and u.group_pk not in self._headers}
+            if headless:
+                for pk, question, rubrics in s.execute(
+                    select(m.Group.id, m.Group.question, m.Group.rubrics).where(m.Group.id.in_(headless))
+                ):
+                    self._remember_header(pk, question, rubrics)
             taken = []
             for unit in units:
                 group = groups.get(unit.group_pk)
@@ -808,8 +825,18 @@ class Pipeline:
                     done=frozenset(done.get(chain, ())),
                     history=tuple(history.get(chain, ())),
                     snippet_done=(unit.group_pk, unit.rollout_id, unit.turn_index or 0) in snippets_done,
+                    payload=None
+                    if unit.payload is None
+                    else tuple(SearchResult.model_validate(r) for r in unit.payload),
                 )
         return out
+
+    def _remember_header(self, group_pk: int, question: str, rubrics: Any) -> None:
+        positive = tuple(r for r in parse_rubrics(rubrics) if r.positive)
+        with self._cache_lock:
+            self._headers[group_pk] = (question, positive)
+            while len(self._headers) > 4096:
+                self._headers.popitem(last=False)
 
     def _release(self, unit_id: int, owner: str) -> None:
         """Give the lease back so the next delivery can continue at once."""
@@ -978,11 +1005,7 @@ class Pipeline:
     async def _arun_snippet(self, unit: Claimed, owner: str) -> UnitOutcome:
         group_pk, params = unit.group_pk, unit.params
         if not unit.snippet_done:
-            content = await self._acontent(group_pk, unit.rollout_id)
-            rollout = content.rollout(unit.rollout_id)
-            plan = self._plan(group_pk, content, rollout, params)
-            task = next(t for t in plan.snippet_tasks if t.turn_index == unit.turn_index)
-            request = SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
+            request = await self._snippet_request(unit)
             prompt = self.judge.snippet_prompt(request)
             key = prompt.cache_key(self.judge.model) if unit.dedupe_turns else None
             call = functools.partial(self.judge.ajudge_snippets, request, prompt)
@@ -991,8 +1014,8 @@ class Pipeline:
             store = functools.partial(
                 self._store_snippet,
                 group_pk,
-                rollout.id,
-                task.turn_index,
+                unit.rollout_id,
+                unit.turn_index,
                 key,
                 None if fails_group else (unit.unit_id, group_pk),
             )
@@ -1006,13 +1029,27 @@ class Pipeline:
                 await self.engine.db(
                     self.fail_group,
                     group_pk,
-                    f"snippet judgment failed (rollout {rollout.id}, turn {task.turn_index}): {result.failure_reason}",
+                    f"snippet judgment failed (rollout {unit.rollout_id}, turn {unit.turn_index}): {result.failure_reason}",
                 )
                 return "noop"
             if stored == "stored" and not fails_group:
                 return "done"
         await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
         return "done"
+
+    async def _snippet_request(self, unit: Claimed) -> SnippetJudgeRequest:
+        """From the unit's stored results and the group's header; the rollout only for a
+        unit stored before snippet calls carried their results."""
+        with self._cache_lock:
+            header = self._headers.get(unit.group_pk)
+        if unit.payload is not None and header is not None:
+            question, rubrics = header
+            return SnippetJudgeRequest(question, rubrics, unit.payload)
+        content = await self._acontent(unit.group_pk, unit.rollout_id)
+        rollout = content.rollout(unit.rollout_id)
+        plan = self._plan(unit.group_pk, content, rollout, unit.params)
+        task = next(t for t in plan.snippet_tasks if t.turn_index == unit.turn_index)
+        return SnippetJudgeRequest(content.question, tuple(content.positive_rubrics), task.eligible)
 
     # ------------------------------------------------------------------ judging
 
@@ -1162,7 +1199,7 @@ class Pipeline:
         result: JudgeResult[VisitVerdict],
         cached: bool,
     ) -> StoreOutcome:
-        """Store one judgment and its support points, and renew the unit's lease, atomically.
+        """Store one judgment (which extends its rubric's history) and renew the unit's lease, atomically.
 
         ``duplicate``: another delivery stored this judgment first. ``lost``: stored, but
         the unit is no longer this delivery's (its group failed, or its lease passed on).
@@ -1170,7 +1207,6 @@ class Pipeline:
         verdict = result.verdict
         values = _judgment_values(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
         values["prior_support"] = prior
-        points: list[str] = []
         if verdict is not None:
             values.update(
                 level=verdict.level,
@@ -1178,10 +1214,7 @@ class Pipeline:
                 support_points=list(verdict.support_points),
                 rationale=verdict.rationale,
             )
-            if verdict.level > 0:
-                points = list(verdict.support_points)
-        row = JudgmentRow(values, _attempt_rows(result, cached), points)
-        return await self._writer.put(_Write(row, lease, finish=finish, release=release))
+        return await self._writer.put(_Write(JudgmentRow(values), lease, finish=finish, release=release))
 
     async def _store_snippet(
         self,
@@ -1201,7 +1234,7 @@ class Pipeline:
                 rejected_matches=[{"index": x.index, "match": x.raw, "reason": x.reason} for x in verdict.rejected],
                 match_count=len(verdict.accepted),
             )
-        return await self._writer.put(_Write(JudgmentRow(values, _attempt_rows(result, cached)), finish=finish))
+        return await self._writer.put(_Write(JudgmentRow(values), finish=finish))
 
     def _write_batch(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
         """:meth:`_write_batch_once`, run again when the server aborted it to break a deadlock."""
@@ -1408,25 +1441,18 @@ class Pipeline:
             if group is None or group.status not in ("queued", "running") or group.aggregation == "done":
                 return
             params = params_of(group)
-            rollout_rows = s.execute(
-                select(m.Rollout.id, m.Rollout.rollout_id)
-                .where(m.Rollout.group_pk == group_pk)
-                .order_by(m.Rollout.position)
-            ).all()
+            # Outlines, not turn bodies: credits read the rollouts' shape only.
+            outlined = outlined_rollouts(s, group_pk)
+            rollout_pks = {doc["id"]: pk for pk, doc in outlined}
             turn_pks: dict[int, list[int]] = {}
             for rollout_pk, turn_pk in s.execute(
                 select(m.Turn.rollout_pk, m.Turn.id)
-                .where(m.Turn.rollout_pk.in_([r.id for r in rollout_rows]))
+                .where(m.Turn.rollout_pk.in_(list(rollout_pks.values())))
                 .order_by(m.Turn.rollout_pk, m.Turn.index)
             ):
                 turn_pks.setdefault(rollout_pk, []).append(turn_pk)
-            # The rollouts as this process's units already read them (cached), so the
-            # group's turn bodies are not loaded and validated once more.
-            parts = [self.rollout_content(group_pk, r.rollout_id, session=s) for r in rollout_rows]
-            content = GroupContent(
-                question=group.question,
-                rubrics=parts[0].rubrics if parts else rubrics_of(group),
-                rollouts=[part.rollouts[0] for part in parts],
+            content = GroupContent.model_validate(
+                {"question": group.question, "rubrics": group.rubrics, "rollouts": [doc for _, doc in outlined]}
             )
             judgments = judgments_of(s, group_pk)
             try:
@@ -1440,7 +1466,7 @@ class Pipeline:
                 failed = True
             else:
                 failed = False
-                self._store_aggregation(s, group, rollout_rows, turn_pks, credits, advantages)
+                self._store_aggregation(s, group, rollout_pks, turn_pks, credits, advantages)
                 announce_final(s, group_pk)
             created = group.created_at
         self.events.finished([group_pk])
@@ -1453,7 +1479,7 @@ class Pipeline:
     def _store_aggregation(
         s: Session,
         group: m.Group,
-        rollout_rows: Sequence[Any],
+        rollout_pks: dict[str, int],
         turn_pks: dict[int, list[int]],
         credits: list[RolloutCredits],
         advantages: GroupAdvantages,
@@ -1462,7 +1488,6 @@ class Pipeline:
         # Core executemany (one prepared statement per table), not ORM attribute
         # sets: a group has hundreds of turns and this runs on the aggregator's
         # hot path.
-        rollout_pks = {r.rollout_id: r.id for r in rollout_rows}
         rollout_updates: list[dict[str, Any]] = []
         turn_updates: list[dict[str, Any]] = []
         for rc, ra in zip(credits, advantages.rollouts, strict=True):
@@ -1598,7 +1623,6 @@ def _stored_state(
     """Where the units of these rollouts left off: per (group, rollout, rubric) chain the
     visit turns judged and the support history in order; the snippet turns judged."""
     done: dict[tuple[int, str, str], set[int]] = {}
-    history: dict[tuple[int, str, str], list[str]] = {}
     snippets_done: set[tuple[int, str, int]] = set()
     for group_pk, kind, rollout_id, turn_index, rubric_id in s.execute(
         select(
@@ -1609,12 +1633,9 @@ def _stored_state(
             done.setdefault((group_pk, rollout_id, rubric_id), set()).add(turn_index)
         else:
             snippets_done.add((group_pk, rollout_id, turn_index))
-    for group_pk, rollout_id, rubric_id, text in s.execute(
-        select(m.SupportPoint.group_pk, m.SupportPoint.rollout_id, m.SupportPoint.rubric_id, m.SupportPoint.text)
-        .where(m.SupportPoint.group_pk.in_(group_pks), m.SupportPoint.rollout_id.in_(rollout_ids))
-        .order_by(m.SupportPoint.position)
-    ):
-        history.setdefault((group_pk, rollout_id, rubric_id), []).append(text)
+    history = {
+        chain: [text for _, text in points] for chain, points in support_histories(s, group_pks, rollout_ids).items()
+    }
     return done, history, snippets_done
 
 
@@ -1671,25 +1692,10 @@ def _judgment_values(
         "prompt_tokens": 0 if cached else result.prompt_tokens,
         "completion_tokens": 0 if cached else result.completion_tokens,
         "attempt_count": 0 if cached else len(result.attempts),
+        # A cache hit made no attempt of its own.
+        "attempts": [] if cached else [vars(a) for a in result.attempts],
         "created_at": now(),
     }
-
-
-def _attempt_rows(result: JudgeResult[Any], cached: bool) -> list[dict[str, Any]]:
-    """Attempt rows of a judgment (a cache hit made no attempt of its own)."""
-    if cached:
-        return []
-    return [
-        {
-            "number": a.number,
-            "outcome": a.outcome,
-            "error": a.error,
-            "latency_s": a.latency_s,
-            "prompt_tokens": a.prompt_tokens,
-            "completion_tokens": a.completion_tokens,
-        }
-        for a in result.attempts
-    ]
 
 
 def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:
@@ -1716,7 +1722,17 @@ def _observe(result: JudgeResult[Any]) -> None:
 
 
 #: The columns of a new work unit that ingest fills (the rest start empty).
-_UNIT_COLUMNS = ("group_pk", "kind", "unit_key", "rollout_id", "rubric_id", "turn_index", "status", "dedupe_turns")
+_UNIT_COLUMNS = (
+    "group_pk",
+    "kind",
+    "unit_key",
+    "rollout_id",
+    "rubric_id",
+    "turn_index",
+    "status",
+    "dedupe_turns",
+    "payload",
+)
 
 
 def _release_slot(slots: PrioritySlots) -> Callable[[asyncio.Future[Any]], None]:

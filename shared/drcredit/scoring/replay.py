@@ -19,7 +19,7 @@ from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit.domain.group import GroupContent
 from drcredit.domain.params import JUDGMENT_PARAMETERS, ScoringParams
 from drcredit.domain.sensitivity import compare, worst_case
-from drcredit.scoring.content import content_of, params_of
+from drcredit.scoring.content import outlined_content, params_of
 from drcredit.scoring.documents import require_done
 from drcredit.scoring.pipeline import judgments_of
 from drcredit.storage import models as m
@@ -39,7 +39,7 @@ def replay(s: Session, group: m.Group, overrides: dict[str, Any]) -> dict[str, A
                     )
                 ]
             )
-    content = content_of(group)
+    content = outlined_content(s, group)
     judgments = judgments_of(s, group.id)
     reference = group_advantages(content, group_credits(content, judgments, reference_params), reference_params)
     low_credits = group_credits(content, judgments, params, allow_missing_snippets=True)

@@ -1,18 +1,18 @@
-"""Many judgments (with their attempts and support points) stored in one statement.
+"""Many judgments stored in one statement.
 
 The batch writer stores the judgments of every chain of a process together. On
 Postgres the whole batch is one constant statement with one JSON parameter: the server
-unpacks the rows, inserts judgments (skipping any another delivery already stored),
-their attempts and support points in one round trip, and the driver parses and plans
-the same SQL text every time. A multi-row INSERT built by the ORM has a different text
-for every batch size and costs the worker more CPU than the judge call it records.
+unpacks the rows and inserts the judgments (skipping any another delivery already
+stored) in one round trip, and the driver parses and plans the same SQL text every
+time. A multi-row INSERT built by the ORM has a different text for every batch size
+and costs the worker more CPU than the judge call it records.
 SQLite (embedded mode) takes the portable path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -30,16 +30,13 @@ JUDGMENT_COLUMNS = tuple(c.name for c in m.Judgment.__table__.columns if c.name 
 
 @dataclass(frozen=True)
 class JudgmentRow:
-    """A judgment's column values, its attempts and the support points it appends.
+    """A judgment's column values (its attempts among them, as a JSON list).
 
     ``values["prior_support"]`` is the length of the history the judgment was made
-    against: only one chain appends to a (rollout, rubric) history, so it is also the
-    position of the first new support point.
+    against: only one chain appends to a (rollout, rubric) history.
     """
 
     values: dict[str, Any]
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    points: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -112,7 +109,7 @@ def renew_leases(s: Session, leases: Sequence[tuple[int, str]], expires: datetim
 
 # ----------------------------------------------------------------------------- Postgres
 
-_JSON_COLUMNS = {"page_ids", "support_points", "matches", "rejected_matches", "answer"}
+_JSON_COLUMNS = {"page_ids", "support_points", "matches", "rejected_matches", "answer", "attempts"}
 
 
 def _pg_type(column: str) -> str:
@@ -143,29 +140,14 @@ def _pg_store_sql() -> str:
     )
     return f"""
 WITH input AS (
-    SELECT * FROM json_to_recordset(CAST(:rows AS json))
-        AS x(n int, {fields}, attempts json, points json)
+    SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS x(n int, {fields})
 ), inserted AS (
     INSERT INTO judgments ({columns})
     SELECT {columns} FROM input ORDER BY n
     ON CONFLICT ON CONSTRAINT {unique} DO NOTHING
-    RETURNING id, {key}
-), matched AS (
-    SELECT inserted.id, input.n, input.group_pk, input.rollout_id, input.rubric_id, input.turn_index,
-           input.prior_support, input.attempts, input.points
-    FROM inserted JOIN input USING ({key})
-), stored_attempts AS (
-    INSERT INTO judgment_attempts (judgment_pk, number, outcome, error, latency_s, prompt_tokens, completion_tokens)
-    SELECT matched.id, a.number, a.outcome, a.error, a.latency_s, a.prompt_tokens, a.completion_tokens
-    FROM matched CROSS JOIN LATERAL json_to_recordset(matched.attempts)
-        AS a(number int, outcome text, error text, latency_s float8, prompt_tokens int, completion_tokens int)
-), stored_points AS (
-    INSERT INTO support_points (group_pk, rollout_id, rubric_id, position, turn_index, text)
-    SELECT matched.group_pk, matched.rollout_id, matched.rubric_id, matched.prior_support + p.ordinality - 1,
-           matched.turn_index, p.value
-    FROM matched CROSS JOIN LATERAL json_array_elements_text(matched.points) WITH ORDINALITY AS p(value, ordinality)
+    RETURNING {key}
 )
-SELECT n FROM matched
+SELECT input.n FROM inserted JOIN input USING ({key})
 """
 
 
@@ -197,10 +179,7 @@ RETURNING work_units.id
 
 
 def _store_postgres(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
-    payload = [
-        {**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n, "attempts": row.attempts, "points": row.points}
-        for n, row in enumerate(rows)
-    ]
+    payload = [{**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n} for n, row in enumerate(rows)]
     return set(s.connection().scalars(_PG_STORE, {"rows": dump_json(payload)}))
 
 
@@ -212,35 +191,9 @@ def _store_portable(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
     statement = (
         sqlite.insert(table)
         .on_conflict_do_nothing(index_elements=list(JUDGMENT_KEY))
-        .returning(table.c.id, *(table.c[c] for c in JUDGMENT_KEY))
+        .returning(*(table.c[c] for c in JUDGMENT_KEY))
     )
-    ids = {
-        tuple(r[1:]): r[0]
-        for r in s.execute(statement, [{c: row.values.get(c) for c in JUDGMENT_COLUMNS} for row in rows])
+    inserted = {
+        tuple(r) for r in s.execute(statement, [{c: row.values.get(c) for c in JUDGMENT_COLUMNS} for row in rows])
     }
-    stored: set[int] = set()
-    attempts: list[dict[str, Any]] = []
-    points: list[dict[str, Any]] = []
-    for n, row in enumerate(rows):
-        judgment_id = ids.get(row.key)
-        if judgment_id is None:
-            continue
-        stored.add(n)
-        attempts.extend({**a, "judgment_pk": judgment_id} for a in row.attempts)
-        values = row.values
-        points.extend(
-            {
-                "group_pk": values["group_pk"],
-                "rollout_id": values["rollout_id"],
-                "rubric_id": values["rubric_id"],
-                "position": (values.get("prior_support") or 0) + k,
-                "turn_index": values["turn_index"],
-                "text": point,
-            }
-            for k, point in enumerate(row.points)
-        )
-    if attempts:
-        s.execute(insert(m.JudgmentAttempt), attempts)
-    if points:
-        s.execute(insert(m.SupportPoint), points)
-    return stored
+    return {n for n, row in enumerate(rows) if row.key in inserted}

@@ -2,7 +2,8 @@
 
 Judgments are unique per (group, kind, rollout, turn, rubric) so that a redelivered task
 can never store a second answer for the same question; every attempt of a judgment is
-kept beside it. Credits and advantages live on the turn rows they describe.
+kept in its row, and a rubric's support history is read from its visit judgments
+(drcredit.storage.histories). Credits and advantages live on the turn rows they describe.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -121,6 +123,9 @@ class Rollout(Base):
     #: Request signatures of its judge calls (see drcredit.domain.dedupe), so that a
     #: rollout streamed in later can tell which of its requests may have a twin.
     signatures: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: The turns with their text taken out (drcredit.domain.outline): all that
+    #: aggregation and replay read of the rollout. None for rows stored before 0002.
+    outline: Mapped[list[Any] | None] = mapped_column(JSON)
     arrived_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     group: Mapped[Group] = relationship(back_populates="rollouts")
@@ -159,7 +164,14 @@ class Judgment(Base):
     __tablename__ = "judgments"
     __table_args__ = (
         UniqueConstraint("group_pk", "kind", "rollout_id", "turn_index", "rubric_id"),
-        Index("ix_judgments_request_key", "group_pk", "request_key"),
+        # Only requests that can have an identical twin carry a key (see drcredit.domain.dedupe).
+        Index(
+            "ix_judgments_request_key",
+            "group_pk",
+            "request_key",
+            postgresql_where=text("request_key IS NOT NULL"),
+            sqlite_where=text("request_key IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -187,43 +199,11 @@ class Judgment(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    #: Every attempt of the judge call, in order: number, outcome, error, latency_s,
+    #: prompt_tokens, completion_tokens (empty when no call was made).
+    attempts: Mapped[list[Any] | None] = mapped_column(JSON)
     failure_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-    attempts: Mapped[list[JudgmentAttempt]] = relationship(
-        back_populates="judgment", order_by="JudgmentAttempt.number", cascade="all, delete-orphan"
-    )
-
-
-class JudgmentAttempt(Base):
-    __tablename__ = "judgment_attempts"
-    __table_args__ = (UniqueConstraint("judgment_pk", "number"),)
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    judgment_pk: Mapped[int] = mapped_column(ForeignKey("judgments.id", ondelete="CASCADE"))
-    number: Mapped[int] = mapped_column(Integer)
-    outcome: Mapped[str] = mapped_column(String(32))
-    error: Mapped[str | None] = mapped_column(Text)
-    latency_s: Mapped[float] = mapped_column(Float)
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
-
-    judgment: Mapped[Judgment] = relationship(back_populates="attempts")
-
-
-class SupportPoint(Base):
-    """One entry of a rubric's support history in one rollout (SPEC section 3)."""
-
-    __tablename__ = "support_points"
-    __table_args__ = (UniqueConstraint("group_pk", "rollout_id", "rubric_id", "position"),)
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
-    rollout_id: Mapped[str] = mapped_column(String(256))
-    rubric_id: Mapped[str] = mapped_column(String(256))
-    position: Mapped[int] = mapped_column(Integer)
-    turn_index: Mapped[int] = mapped_column(Integer)
-    text: Mapped[str] = mapped_column(Text)
 
 
 class WorkUnit(Base):
@@ -250,6 +230,9 @@ class WorkUnit(Base):
     #: Turns whose judge request may have an identical twin elsewhere in the group; only
     #: these are looked up and claimed before the call.
     dedupe_turns: Mapped[list[Any] | None] = mapped_column(JSON)
+    #: A snippet call's eligible results (id, url, title, snippet), so that the snippet
+    #: matcher never loads the rollout. None for visit chains and rows stored before 0002.
+    payload: Mapped[list[Any] | None] = mapped_column(JSON)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text)
     lease_owner: Mapped[str | None] = mapped_column(String(128))
