@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 JUDGE_CALLS = Counter(
@@ -35,3 +39,39 @@ GROUPS_BY_STATUS = Gauge("drcredit_groups", "Groups in the database by status", 
 QUEUE_DEPTH = Gauge("drcredit_queue_depth", "Messages waiting in each broker queue", ["queue"])
 TASKS = Counter("drcredit_tasks_total", "Celery tasks by queue and outcome", ["queue", "outcome"])
 SWEEPS = Counter("drcredit_sweep_redispatched_total", "Work units re-dispatched by the sweeper")
+
+
+@lru_cache(maxsize=512)
+def _judgment_children(backend: str, kind: str, status: str) -> tuple[Any, Any, Any, Any]:
+    # A labelled child is the same object for the same labels; looking it up takes a
+    # lock and a few dict operations, five times per judge call without this cache.
+    return (
+        JUDGE_CALLS.labels(backend, kind, status),
+        JUDGE_LATENCY.labels(backend, kind),
+        JUDGE_TOKENS.labels(backend, kind, "prompt"),
+        JUDGE_TOKENS.labels(backend, kind, "completion"),
+    )
+
+
+@lru_cache(maxsize=512)
+def _attempt_child(backend: str, kind: str, outcome: str) -> Any:
+    return JUDGE_ATTEMPTS.labels(backend, kind, outcome)
+
+
+def observe_judgment(
+    backend: str,
+    kind: str,
+    status: str,
+    latency_s: float,
+    prompt_tokens: int,
+    completion_tokens: int,
+    attempt_outcomes: Iterable[str],
+) -> None:
+    """Count one judgment: call, latency, tokens and each attempt's outcome."""
+    calls, latency, prompt, completion = _judgment_children(backend, kind, status)
+    calls.inc()
+    latency.observe(latency_s)
+    prompt.inc(prompt_tokens)
+    completion.inc(completion_tokens)
+    for outcome in attempt_outcomes:
+        _attempt_child(backend, kind, outcome).inc()

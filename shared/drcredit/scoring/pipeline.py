@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import structlog
-from sqlalchemy import Table, bindparam, delete, insert, select, tuple_, update
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
@@ -62,6 +62,7 @@ from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
 from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.scoring.events import GroupEvents, announce_final
 from drcredit.storage import models as m
+from drcredit.storage import repository as repo
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database, is_lock_conflict
 from drcredit.storage.histories import support_histories
@@ -180,6 +181,7 @@ class Pipeline:
         #: Question and positive rubrics per group, for snippet calls (which carry their
         #: results and need nothing else of the group). Filled by claims.
         self._headers: OrderedDict[int, tuple[str, tuple[Rubric, ...]]] = OrderedDict()
+        self._group_params: OrderedDict[int, ScoringParams] = OrderedDict()
         #: Judge requests in flight on the engine loop (only touched from that loop).
         self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
         self._stopping = threading.Event()
@@ -316,7 +318,7 @@ class Pipeline:
                 s.flush()
                 created = {x.group_pk for x in submitted if x.created}
                 # Judging has started: lock the group rows in id order, as the workers do.
-                _lock_groups(s, created)
+                repo.lock_groups(s, created)
                 s.execute(update(m.Group).where(m.Group.id.in_(sorted(created))).values(batch_pk=row.id))
         except IntegrityError:
             # A concurrent post of the same batch_id wrote the batch row first.
@@ -484,7 +486,7 @@ class Pipeline:
         turns: list[tuple[int, int, str, dict[str, Any]]] = []
         judgments: list[dict[str, Any]] = []
         units: list[dict[str, Any]] = []
-        skipped: list[int] = []
+        skipped: list[tuple[int, str, int]] = []
         positive = content.positive_rubrics
         for item in items:
             rollout, plan, twins = item.rollout, item.plan, item.twins
@@ -503,6 +505,7 @@ class Pipeline:
                     "level": 0,
                     "cache_hit": False,
                     "attempt_count": 0,
+                    "attempts": [],
                     "created_at": now(),
                 }
                 for t in plan.deterministic_zero_visits
@@ -539,14 +542,14 @@ class Pipeline:
                     }
                 )
                 if decision == "skip":
-                    self._add_skipped(s, group.id, rollout.id, task.turn_index)
-                    skipped.append(task.turn_index)
+                    skipped.append((group.id, rollout.id, task.turn_index))
             group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
         if turns:
             copy_rows(s, m.Turn.__table__, ("rollout_pk", "index", "type", "body"), turns)  # type: ignore[arg-type]
         if judgments:
             s.connection().execute(insert(m.Judgment), judgments)
             metrics.DETERMINISTIC_ZEROS.inc(len(judgments))
+        self._add_skipped(s, skipped)
         if units:
             stamp = now()
             copy_rows(
@@ -648,7 +651,7 @@ class Pipeline:
         if not group_pks:
             return
         with self.db.session() as s:
-            flipped = list(s.connection().scalars(_aggregation_flip(sorted(group_pks)).returning(m.Group.id)))
+            flipped = repo.flip_aggregation(s, group_pks, now())
         for group_pk in flipped:
             self.dispatcher.dispatch_aggregation(group_pk)
 
@@ -727,47 +730,19 @@ class Pipeline:
     def _claim_units(self, refs: Sequence[UnitRef], owner: str) -> dict[int, Claimed | UnitOutcome]:
         """Take the units' leases, count the delivery and read where each left off.
 
-        Core statements, not ORM objects: a claim runs once per message, on the hot path.
         A unit never delivered before has nothing stored, so only a redelivered one
         reads its stored judgments and support history.
         """
-        unit_ids = [r.unit_id for r in refs]
-        out: dict[int, Claimed | UnitOutcome] = {i: "noop" for i in unit_ids}
-        wu = m.WorkUnit
+        out: dict[int, Claimed | UnitOutcome] = {r.unit_id: "noop" for r in refs}
         with self.db.session() as s:
-            _lock_groups(s, {r.group_pk for r in refs})
-            units = s.execute(
-                select(
-                    wu.id,
-                    wu.group_pk,
-                    wu.rollout_id,
-                    wu.rubric_id,
-                    wu.turn_index,
-                    wu.status,
-                    wu.lease_owner,
-                    wu.lease_expires_at,
-                    wu.dedupe_turns,
-                    wu.attempts,
-                    wu.payload,
-                )
-                .where(wu.id.in_(unit_ids))
-                .order_by(wu.id)
-                .with_for_update()
-            ).all()
-            groups = {
-                pk: (status, params)
-                for pk, status, params in s.execute(
-                    select(m.Group.id, m.Group.status, m.Group.params).where(
-                        m.Group.id.in_({u.group_pk for u in units})
-                    )
-                )
-            }
-            headless = {u.group_pk for u in units if u.payload is not None and u.group_pk not in self._headers}
-            if headless:
-                for pk, question, rubrics in s.execute(
-                    select(m.Group.id, m.Group.question, m.Group.rubrics).where(m.Group.id.in_(headless))
-                ):
-                    self._remember_header(pk, question, rubrics)
+            # Group rows first (locked in id order, as every transaction takes them).
+            groups = repo.group_states(s, {r.group_pk for r in refs}, lock=True)
+            units = repo.units_for_claim(s, [r.unit_id for r in refs])
+            with self._cache_lock:
+                headless = {u.group_pk for u in units if u.payload is not None and u.group_pk not in self._headers}
+            for pk, question, rubrics in repo.group_headers(s, headless):
+                self._remember_header(pk, question, rubrics)
+            stamp = now()
             taken = []
             for unit in units:
                 group = groups.get(unit.group_pk)
@@ -776,7 +751,7 @@ class Pipeline:
                 if group[0] not in ("queued", "running"):
                     continue
                 expires = _aware(unit.lease_expires_at) if unit.lease_expires_at else None
-                if unit.status == "running" and unit.lease_owner and expires is not None and expires > now():
+                if unit.status == "running" and unit.lease_owner and expires is not None and expires > stamp:
                     out[unit.id] = "busy"
                     continue
                 taken.append(unit)
@@ -785,25 +760,8 @@ class Pipeline:
             claimed_at = time.monotonic()
             for u in taken:
                 self._lease_set_at[u.id] = claimed_at
-            # On the connection (Core): the ORM's bulk-update bookkeeping (synchronizing
-            # loaded objects, of which a claim has none) cost more than the statement.
-            s.connection().execute(
-                update(wu)
-                .where(wu.id.in_([u.id for u in taken]))
-                .values(
-                    status="running",
-                    attempts=wu.attempts + 1,
-                    lease_owner=owner,
-                    lease_expires_at=now() + timedelta(seconds=self.lease_s),
-                )
-            )
-            starting = sorted({u.group_pk for u in taken if groups[u.group_pk][0] == "queued"})
-            if starting:
-                s.connection().execute(
-                    update(m.Group)
-                    .where(m.Group.id.in_(starting), m.Group.status == "queued")
-                    .values(status="running", started_at=now())
-                )
+            repo.start_units(s, [u.id for u in taken], owner, stamp + timedelta(seconds=self.lease_s), stamp)
+            repo.start_groups(s, {u.group_pk for u in taken if groups[u.group_pk][0] == "queued"}, stamp)
             # Fresh units (no earlier delivery) have nothing stored to read.
             resumed = [u for u in taken if u.attempts > 0]
             done, history, snippets_done = (
@@ -811,7 +769,6 @@ class Pipeline:
                 if resumed
                 else ({}, {}, set())
             )
-            params = {pk: ScoringParams.model_validate(g[1]) for pk, g in groups.items()}
             for unit in taken:
                 chain = (unit.group_pk, unit.rollout_id, unit.rubric_id or "")
                 out[unit.id] = Claimed(
@@ -821,7 +778,7 @@ class Pipeline:
                     rubric_id=unit.rubric_id or "",
                     turn_index=unit.turn_index or 0,
                     dedupe_turns=frozenset(unit.dedupe_turns or ()),
-                    params=params[unit.group_pk],
+                    params=self._params(unit.group_pk, groups[unit.group_pk][1]),
                     done=frozenset(done.get(chain, ())),
                     history=tuple(history.get(chain, ())),
                     snippet_done=(unit.group_pk, unit.rollout_id, unit.turn_index or 0) in snippets_done,
@@ -830,6 +787,18 @@ class Pipeline:
                     else tuple(SearchResult.model_validate(r) for r in unit.payload),
                 )
         return out
+
+    def _params(self, group_pk: int, stored: dict[str, Any]) -> ScoringParams:
+        """A group's parameters, validated once per process (they never change)."""
+        with self._cache_lock:
+            params = self._group_params.get(group_pk)
+        if params is None:
+            params = ScoringParams.model_validate(stored)
+            with self._cache_lock:
+                self._group_params[group_pk] = params
+                while len(self._group_params) > 4096:
+                    self._group_params.popitem(last=False)
+        return params
 
     def _remember_header(self, group_pk: int, question: str, rubrics: Any) -> None:
         positive = tuple(r for r in parse_rubrics(rubrics) if r.positive)
@@ -1271,31 +1240,17 @@ class Pipeline:
             # them) only now, for the short rest of the transaction. The lock also orders
             # concurrent batches of a group: a release decided after it reads every
             # judgment committed before, so no waiting snippet call is left behind.
-            _lock_groups(s, {w.finish[1] for w in writes if w.finish} | {w.release[0][0] for w in writes if w.release})
+            repo.lock_groups(
+                s, {w.finish[1] for w in writes if w.finish} | {w.release[0][0] for w in writes if w.release}
+            )
+            stamp = now()
             releases = dict(w.release for w in writes if w.release is not None)
-            to_dispatch, skipped = self._release_waiting(s, releases) if releases else ([], set())
+            to_dispatch, done_by_skip = self._release_waiting(s, releases, stamp) if releases else ([], Counter())
             # A unit finishes with its last judgment only if that judgment is ours and stored.
-            finishing = [w.finish for i, w in enumerate(writes) if w.finish is not None and outcomes[i] == "stored"]
-            if finishing:
-                finished = (
-                    s.connection()
-                    .execute(
-                        update(m.WorkUnit)
-                        # Only a running unit finishes: one cancelled by its failed group stays so.
-                        .where(m.WorkUnit.id.in_([u for u, _ in finishing]), m.WorkUnit.status == "running")
-                        .values(status="done")
-                        .returning(m.WorkUnit.group_pk)
-                    )
-                    .all()
-                )
-                per_group = Counter(g for (g,) in finished)
-                for group_pk, count in sorted(per_group.items()):
-                    s.connection().execute(
-                        update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + count)
-                    )
-            touched = sorted({g for _, g in finishing} | skipped)
-            if touched:
-                flipped = list(s.connection().scalars(_aggregation_flip(touched).returning(m.Group.id)))
+            finishing = [w.finish[0] for i, w in enumerate(writes) if w.finish is not None and outcomes[i] == "stored"]
+            done = Counter(repo.finish_units(s, finishing, stamp)) + done_by_skip
+            repo.add_units_done(s, done, stamp)
+            flipped = repo.flip_aggregation(s, set(done), stamp)
         if to_dispatch:
             self.dispatcher.dispatch(to_dispatch)
         for group_pk in flipped:
@@ -1331,33 +1286,31 @@ class Pipeline:
         if (group_pk, rollout_id) in self._no_waiting:
             return
         with self.db.session() as s:
-            to_dispatch, skipped = self._release_waiting(s, {(group_pk, rollout_id): None})
+            stamp = now()
+            repo.lock_groups(s, {group_pk})
+            to_dispatch, done = self._release_waiting(s, {(group_pk, rollout_id): None}, stamp)
+            repo.add_units_done(s, done, stamp)
+            flipped = repo.flip_aggregation(s, set(done), stamp)
         if to_dispatch:
             self.dispatcher.dispatch(to_dispatch)
-        if skipped:
-            self._maybe_aggregate([group_pk])
+        for pk in flipped:
+            self.dispatcher.dispatch_aggregation(pk)
 
     def _release_waiting(
-        self, s: Session, rollouts: Mapping[tuple[int, str], ScoringParams | None]
-    ) -> tuple[list[UnitRef], set[int]]:
+        self, s: Session, rollouts: Mapping[tuple[int, str], ScoringParams | None], stamp: datetime
+    ) -> tuple[list[UnitRef], Counter[int]]:
         """Queue or skip, in ``s``, the waiting snippet calls whose navigation visits are all judged.
 
         ``rollouts`` maps (group, rollout) to the group's params when the caller knows
-        them (a chain does), else None. Returns the units to dispatch after commit
-        and the groups that had a unit finished by a skip.
+        them (a chain does), else None. Returns the units to dispatch after commit and
+        the units finished by a skip, per group (their counts are the caller's to add).
         """
         pairs = [p for p in rollouts if p not in self._no_waiting]
         if not pairs:
-            return [], set()
+            return [], Counter()
         waiting: dict[tuple[int, str], list[tuple[int, int]]] = {}
-        for unit_id, group_pk, rollout_id, turn_index in s.execute(
-            select(m.WorkUnit.id, m.WorkUnit.group_pk, m.WorkUnit.rollout_id, m.WorkUnit.turn_index).where(
-                tuple_(m.WorkUnit.group_pk, m.WorkUnit.rollout_id).in_(pairs),
-                m.WorkUnit.kind == "snippet",
-                m.WorkUnit.status == "waiting",
-            )
-        ):
-            waiting.setdefault((group_pk, rollout_id), []).append((unit_id, turn_index or 0))
+        for unit_id, group_pk, rollout_id, turn_index in repo.waiting_snippets(s, pairs):
+            waiting.setdefault((group_pk, rollout_id), []).append((unit_id, turn_index))
         for pair in pairs:
             if pair not in waiting:
                 # Units never return to waiting: this rollout needs no check again.
@@ -1365,24 +1318,19 @@ class Pipeline:
                     self._no_waiting.clear()
                 self._no_waiting.add(pair)
         if not waiting:
-            return [], set()
+            return [], Counter()
         levels: dict[tuple[int, str], dict[int, list[int]]] = {}
-        for group_pk, rollout_id, turn_index, level in s.execute(
-            select(m.Judgment.group_pk, m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.level).where(
-                tuple_(m.Judgment.group_pk, m.Judgment.rollout_id).in_(list(waiting)), m.Judgment.kind == "visit"
-            )
-        ):
+        for group_pk, rollout_id, turn_index, level in repo.visit_levels(s, waiting):
             levels.setdefault((group_pk, rollout_id), {}).setdefault(turn_index, []).append(level or 0)
-        to_dispatch: list[UnitRef] = []
-        skipped: set[int] = set()
+        targets: dict[int, str] = {}
+        units_of: dict[int, tuple[int, str, int]] = {}
         for (group_pk, rollout_id), units in waiting.items():
-            known_state = rollouts[(group_pk, rollout_id)]
-            if known_state is None:
-                group = s.get(m.Group, group_pk)
-                assert group is not None
-                params = params_of(group)
-            else:
-                params = known_state
+            known_params = rollouts[(group_pk, rollout_id)]
+            params = (
+                known_params
+                if known_params is not None
+                else self._params(group_pk, repo.group_states(s, {group_pk})[group_pk][1])
+            )
             content = self.rollout_content(group_pk, rollout_id, session=s)
             rollout = content.rollout(rollout_id)
             plan = self._plan(group_pk, content, rollout, params)
@@ -1395,41 +1343,44 @@ class Pipeline:
             tasks = {t.turn_index: t for t in plan.snippet_tasks}
             for unit_id, turn_index in units:
                 decision = snippet_decision(tasks[turn_index], known, params)
-                if decision == "wait":
-                    continue
-                target = "queued" if decision == "call" else "done"
-                changed = _changed(
-                    s,
-                    update(m.WorkUnit)
-                    .where(m.WorkUnit.id == unit_id, m.WorkUnit.status == "waiting")
-                    .values(status=target),
-                )
-                if not changed:
-                    continue
-                if decision == "call":
-                    to_dispatch.append(UnitRef("snippet", unit_id, group_pk, rollout_id))
-                else:
-                    self._add_skipped(s, group_pk, rollout_id, turn_index)
-                    s.connection().execute(
-                        update(m.Group).where(m.Group.id == group_pk).values(units_done=m.Group.units_done + 1)
-                    )
-                    skipped.add(group_pk)
-        return to_dispatch, skipped
+                if decision != "wait":
+                    targets[unit_id] = "queued" if decision == "call" else "done"
+                    units_of[unit_id] = (group_pk, rollout_id, turn_index)
+        moved = repo.release_waiting(s, targets, stamp)
+        to_dispatch = [
+            UnitRef("snippet", u, units_of[u][0], units_of[u][1]) for u in sorted(moved) if targets[u] == "queued"
+        ]
+        skipped = [units_of[u] for u in sorted(moved) if targets[u] == "done"]
+        self._add_skipped(s, skipped)
+        return to_dispatch, Counter(group_pk for group_pk, _, _ in skipped)
 
     @staticmethod
-    def _add_skipped(s: Session, group_pk: int, rollout_id: str, turn_index: int) -> None:
-        s.add(
-            m.Judgment(
-                group_pk=group_pk,
-                kind="snippet",
-                rollout_id=rollout_id,
-                turn_index=turn_index,
-                rubric_id="",
-                status="skipped",
-                match_count=None,
-            )
+    def _add_skipped(s: Session, skipped: Sequence[tuple[int, str, int]]) -> None:
+        """Record (group, rollout, search turn) snippet calls skipped as saturated (SPEC section 4)."""
+        if not skipped:
+            return
+        stamp = now()
+        store_judgments(
+            s,
+            [
+                JudgmentRow(
+                    {
+                        "group_pk": group_pk,
+                        "kind": "snippet",
+                        "rollout_id": rollout_id,
+                        "turn_index": turn_index,
+                        "rubric_id": "",
+                        "status": "skipped",
+                        "cache_hit": False,
+                        "attempt_count": 0,
+                        "attempts": [],
+                        "created_at": stamp,
+                    }
+                )
+                for group_pk, rollout_id, turn_index in skipped
+            ],
         )
-        metrics.SNIPPET_SKIPS.inc()
+        metrics.SNIPPET_SKIPS.inc(len(skipped))
 
     # ================================================================== aggregation
 
@@ -1485,33 +1436,29 @@ class Pipeline:
         advantages: GroupAdvantages,
     ) -> None:
         """Write a group's credits and advantages and mark it done, in ``s``."""
-        # Core executemany (one prepared statement per table), not ORM attribute
-        # sets: a group has hundreds of turns and this runs on the aggregator's
-        # hot path.
-        rollout_updates: list[dict[str, Any]] = []
-        turn_updates: list[dict[str, Any]] = []
+        turn_rows: list[tuple[int, tuple[Any, ...]]] = []
+        rollout_rows: list[tuple[int, float]] = []
         for rc, ra in zip(credits, advantages.rollouts, strict=True):
             rollout_pk = rollout_pks[rc.rollout_id]
-            rollout_updates.append({"pk": rollout_pk, "outcome_advantage": ra.outcome_advantage})
+            rollout_rows.append((rollout_pk, ra.outcome_advantage))
             for turn_pk, tc, ta in zip(turn_pks.get(rollout_pk, []), rc.turns, ra.turns, strict=True):
-                turn_updates.append(
-                    {
-                        "pk": turn_pk,
-                        "credit": tc.credit,
-                        "visit_credit": tc.visit_credit,
-                        "visit_credit_uncapped": tc.visit_credit_uncapped,
-                        "navigation_credit": tc.navigation_credit,
-                        "snippet_credit": tc.snippet_credit,
-                        "snippet_matches": tc.snippet_matches,
-                        "normalized_credit": ta.normalized_credit,
-                        "process_advantage": ta.process_advantage,
-                        "advantage": ta.advantage,
-                    }
+                turn_rows.append(
+                    (
+                        turn_pk,
+                        (
+                            tc.credit,
+                            tc.visit_credit,
+                            tc.visit_credit_uncapped,
+                            tc.navigation_credit,
+                            tc.snippet_credit,
+                            tc.snippet_matches,
+                            ta.normalized_credit,
+                            ta.process_advantage,
+                            ta.advantage,
+                        ),
+                    )
                 )
-        turns_table: Table = m.Turn.__table__  # type: ignore[assignment]
-        rollouts_table: Table = m.Rollout.__table__  # type: ignore[assignment]
-        s.connection().execute(update(turns_table).where(turns_table.c.id == bindparam("pk")), turn_updates)
-        s.connection().execute(update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")), rollout_updates)
+        repo.store_results(s, turn_rows, rollout_rows)
         st = advantages.stats
         group.stats = {
             "mu_rg": st.mu_rg,
@@ -1560,22 +1507,10 @@ class Pipeline:
                 self._content_cache.move_to_end(key)
                 return cached
         with nullcontext(session) if session is not None else self.db.session() as s:
-            group = s.execute(select(m.Group.question, m.Group.rubrics).where(m.Group.id == group_pk)).one_or_none()
-            rollout = s.execute(
-                select(m.Rollout.id, m.Rollout.outcome_reward).where(
-                    m.Rollout.group_pk == group_pk, m.Rollout.rollout_id == rollout_id
-                )
-            ).one_or_none()
-            if group is None or rollout is None:
-                raise NotFound(f"rollout {rollout_id!r} of group {group_pk} not found")
-            bodies = s.scalars(select(m.Turn.body).where(m.Turn.rollout_pk == rollout.id).order_by(m.Turn.index)).all()
-        content = GroupContent.model_validate(
-            {
-                "question": group.question,
-                "rubrics": group.rubrics,
-                "rollouts": [{"id": rollout_id, "outcome_reward": rollout.outcome_reward, "turns": bodies}],
-            }
-        )
+            document = repo.rollout_document(s, group_pk, rollout_id)
+        if document is None:
+            raise NotFound(f"rollout {rollout_id!r} of group {group_pk} not found")
+        content = GroupContent.model_validate(document)
         with self._cache_lock:
             self._content_cache[key] = content
             while len(self._content_cache) > 4096:
@@ -1639,32 +1574,6 @@ def _stored_state(
     return done, history, snippets_done
 
 
-def _lock_groups(s: Session, group_pks: set[int]) -> None:
-    """Lock group rows in id order (FOR NO KEY UPDATE: inserts referencing them still pass)."""
-    if group_pks:
-        s.connection().execute(
-            select(m.Group.id)
-            .where(m.Group.id.in_(sorted(group_pks)))
-            .order_by(m.Group.id)
-            .with_for_update(key_share=True)
-        )
-
-
-def _aggregation_flip(group_pks: Sequence[int]) -> Any:
-    """The conditional update that lets exactly one finisher schedule the aggregation."""
-    return (
-        update(m.Group)
-        .where(
-            m.Group.id.in_(group_pks),
-            m.Group.aggregation == "pending",
-            m.Group.units_done == m.Group.units_total,
-            m.Group.rollouts_received == m.Group.expected_rollouts,
-            m.Group.status.in_(("queued", "running")),
-        )
-        .values(aggregation="enqueued")
-    )
-
-
 def _judgment_values(
     group_pk: int,
     kind: str,
@@ -1713,12 +1622,15 @@ def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:
 
 
 def _observe(result: JudgeResult[Any]) -> None:
-    metrics.JUDGE_CALLS.labels(result.backend, result.kind, result.status).inc()
-    metrics.JUDGE_LATENCY.labels(result.backend, result.kind).observe(result.latency_s)
-    metrics.JUDGE_TOKENS.labels(result.backend, result.kind, "prompt").inc(result.prompt_tokens)
-    metrics.JUDGE_TOKENS.labels(result.backend, result.kind, "completion").inc(result.completion_tokens)
-    for attempt in result.attempts:
-        metrics.JUDGE_ATTEMPTS.labels(result.backend, result.kind, attempt.outcome).inc()
+    metrics.observe_judgment(
+        result.backend,
+        result.kind,
+        result.status,
+        result.latency_s,
+        result.prompt_tokens,
+        result.completion_tokens,
+        (a.outcome for a in result.attempts),
+    )
 
 
 #: The columns of a new work unit that ingest fills (the rest start empty).

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Table, insert, select, text, tuple_, update
+import psycopg
+from sqlalchemy import JSON, Table, insert, select, tuple_, update
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from drcredit.storage import models as m
-from drcredit.storage.database import dump_json
+from drcredit.storage.database import dump_json, postgres_driver
 
 #: The columns that identify a judgment (its unique constraint).
 JUDGMENT_KEY = ("group_pk", "kind", "rollout_id", "turn_index", "rubric_id")
@@ -41,6 +42,12 @@ class JudgmentRow:
     @property
     def key(self) -> tuple[Any, ...]:
         return tuple(self.values[c] for c in JUDGMENT_KEY)
+
+
+def _driver(s: Session) -> psycopg.Connection[Any]:
+    driver = postgres_driver(s)
+    assert driver is not None
+    return driver
 
 
 def store_judgments(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
@@ -80,7 +87,7 @@ def held_leases(s: Session, leases: Sequence[tuple[int, str]]) -> set[int]:
     if not leases:
         return set()
     if s.get_bind().dialect.name == "postgresql":
-        return set(s.connection().scalars(_PG_HELD, {"leases": _leases_json(leases)}))
+        return {unit_id for (unit_id,) in _driver(s).execute(_PG_HELD, {"leases": _leases_json(leases)})}
     return set(
         s.connection().scalars(
             select(m.WorkUnit.id).where(
@@ -96,7 +103,7 @@ def renew_leases(s: Session, leases: Sequence[tuple[int, str]], expires: datetim
         return set()
     if s.get_bind().dialect.name == "postgresql":
         params = {"leases": _leases_json(leases), "expires": expires, "now": datetime.now(expires.tzinfo)}
-        return set(s.connection().scalars(_PG_RENEW, params))
+        return {unit_id for (unit_id,) in _driver(s).execute(_PG_RENEW, params)}
     return set(
         s.scalars(
             update(m.WorkUnit)
@@ -140,7 +147,7 @@ def _pg_store_sql() -> str:
     )
     return f"""
 WITH input AS (
-    SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS x(n int, {fields})
+    SELECT * FROM json_to_recordset(CAST(%(rows)s AS json)) AS x(n int, {fields})
 ), inserted AS (
     INSERT INTO judgments ({columns})
     SELECT {columns} FROM input ORDER BY n
@@ -151,7 +158,7 @@ SELECT input.n FROM inserted JOIN input USING ({key})
 """
 
 
-_PG_STORE = text(_pg_store_sql())
+_PG_STORE = _pg_store_sql()
 
 
 def _leases_json(leases: Sequence[tuple[int, str]]) -> str:
@@ -159,28 +166,24 @@ def _leases_json(leases: Sequence[tuple[int, str]]) -> str:
     return dump_json([{"id": unit_id, "owner": owner} for unit_id, owner in leases])
 
 
-_PG_HELD = text(
-    """
+_PG_HELD = """
 SELECT work_units.id FROM work_units
-JOIN json_to_recordset(CAST(:leases AS json)) AS x(id int, owner text)
+JOIN json_to_recordset(CAST(%(leases)s AS json)) AS x(id int, owner text)
 ON work_units.id = x.id AND work_units.lease_owner = x.owner
 WHERE work_units.status = 'running'
 """
-)
 
-_PG_RENEW = text(
-    """
-UPDATE work_units SET lease_expires_at = :expires, updated_at = :now
-FROM json_to_recordset(CAST(:leases AS json)) AS x(id int, owner text)
+_PG_RENEW = """
+UPDATE work_units SET lease_expires_at = %(expires)s, updated_at = %(now)s
+FROM json_to_recordset(CAST(%(leases)s AS json)) AS x(id int, owner text)
 WHERE work_units.id = x.id AND work_units.lease_owner = x.owner AND work_units.status = 'running'
 RETURNING work_units.id
 """
-)
 
 
 def _store_postgres(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
     payload = [{**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n} for n, row in enumerate(rows)]
-    return set(s.connection().scalars(_PG_STORE, {"rows": dump_json(payload)}))
+    return {n for (n,) in _driver(s).execute(_PG_STORE, {"rows": dump_json(payload)})}
 
 
 # ----------------------------------------------------------------------------- portable

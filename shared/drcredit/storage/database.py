@@ -64,6 +64,22 @@ def _serialize_sqlite_writers(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def postgres_driver(s: Session) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under the session's transaction, on Postgres (else None).
+
+    The judging hot path runs constant SQL there (drcredit.storage.repository, bulk):
+    psycopg prepares each statement once per connection, and SQLAlchemy's per-statement
+    work, several times a round trip's CPU, is skipped. The statements join the
+    session's transaction, which the session commits.
+    """
+    conn = s.connection()
+    if conn.dialect.name != "postgresql":
+        return None
+    driver = conn.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    return driver
+
+
 class Database:
     """One engine and its sessions; ``session()`` commits on success, rolls back on error."""
 
