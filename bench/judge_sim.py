@@ -15,17 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import random
 import re
 import time
 from typing import Any
 
+import orjson
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 FACT = re.compile(r"\{F(\d+)\}")
 
@@ -97,16 +93,16 @@ class Simulator:
             return self.latency * self.rng.lognormvariate(0.0, self.sigma)
         return self.latency
 
-    async def completions(self, request: Request) -> JSONResponse:
-        body = await request.json()
+    async def completion(self, raw: bytes) -> tuple[int, bytes]:
+        body = orjson.loads(raw)
         user = body["messages"][-1]["content"]
-        doc = json.loads(user)
+        doc = orjson.loads(user)
         kind = "visit" if "visit" in doc else "snippet"
         self.stats["requests"] += 1
         self.stats[kind] += 1
         if self.error_rate and self.rng.random() < self.error_rate:
             self.stats["errors"] += 1
-            return JSONResponse({"error": {"message": "simulated failure"}}, status_code=500)
+            return 500, orjson.dumps({"error": {"message": "simulated failure"}})
         if self.slots is not None:
             await self.slots.acquire()
         self.stats["in_flight"] += 1
@@ -119,12 +115,12 @@ class Simulator:
             self.stats["in_flight"] -= 1
             if self.slots is not None:
                 self.slots.release()
-        answer = json.dumps(visit_answer(doc) if kind == "visit" else snippet_answer(doc))
+        answer = orjson.dumps(visit_answer(doc) if kind == "visit" else snippet_answer(doc)).decode()
         prompt_tokens = (len(body["messages"][0]["content"]) + len(user)) // 4
         completion_tokens = len(answer) // 4
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens
-        return JSONResponse(
+        return 200, orjson.dumps(
             {
                 "id": f"sim-{self.stats['requests']}",
                 "object": "chat.completion",
@@ -139,23 +135,44 @@ class Simulator:
             }
         )
 
-    async def get_stats(self, _: Request) -> JSONResponse:
-        return JSONResponse(self.stats)
-
-    async def reset(self, _: Request) -> JSONResponse:
+    def reset(self) -> None:
         for key in ("requests", "visit", "snippet", "errors", "prompt_tokens", "completion_tokens", "peak_in_flight"):
             self.stats[key] = 0
-        return JSONResponse(self.stats)
 
 
-def app(sim: Simulator) -> Starlette:
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", sim.completions, methods=["POST"]),
-            Route("/stats", sim.get_stats),
-            Route("/reset", sim.reset, methods=["POST"]),
-        ]
-    )
+def app(sim: Simulator) -> Any:
+    """A bare ASGI app: the simulator's own CPU competes with the platform for this
+    machine's two cores, so it skips a framework's request and response objects."""
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path, method = scope["path"], scope["method"]
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        if path == "/v1/chat/completions" and method == "POST":
+            status, payload = await sim.completion(b"".join(chunks))
+        elif path == "/stats":
+            status, payload = 200, orjson.dumps(sim.stats)
+        elif path == "/reset" and method == "POST":
+            sim.reset()
+            status, payload = 200, orjson.dumps(sim.stats)
+        else:
+            status, payload = 404, b'{"error": {"message": "not found"}}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload})
+
+    return asgi
 
 
 def main() -> None:
@@ -168,7 +185,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     sim = Simulator(args.latency, args.lognormal_sigma, args.concurrency, args.error_rate, args.seed)
-    uvicorn.run(app(sim), host="127.0.0.1", port=args.port, log_level="warning", backlog=4096, limit_concurrency=None)
+    uvicorn.run(
+        app(sim),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+        backlog=4096,
+        limit_concurrency=None,
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

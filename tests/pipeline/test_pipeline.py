@@ -10,16 +10,18 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from drcredit.domain.group import GroupIn
 from drcredit.scoring import documents
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
+from drcredit.storage.bulk import JudgmentRow, store_judgments
 from tests.support.api import settings_for
 from tests.support.builders import answer, group, page, rollout, rubric, search, visit
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
@@ -313,3 +315,45 @@ def test_a_group_stored_before_outlines_and_snippet_payloads_scores_the_same(
     assert sorted(json.dumps(c.document, sort_keys=True) for c in marker_judge.calls) == reference_requests
     assert legacy["advantages"]["rollouts"] == reference["advantages"]["rollouts"]
     assert _judged(legacy) == _judged(reference)
+
+
+def test_a_claim_won_after_the_owner_answered_takes_its_answer(database_url: str, tmp_path: Path) -> None:
+    """An identical request's owner stores its answer, then drops its claim: a waiter
+    whose next try wins the claim must reuse that answer, not call the judge again."""
+    rt = Runtime.build(settings_for(database_url, "http://127.0.0.1:9/v1"), dispatcher=_Holding())
+    try:
+        stored = rt.pipeline.submit_group("t", saturating_group())
+        answer = {"level": 2, "page_ids": ["W1"], "support_points": ["a"], "rationale": "r"}
+        with rt.db.session() as s:
+            store_judgments(
+                s,
+                [
+                    JudgmentRow(
+                        {
+                            "group_pk": stored.group_pk,
+                            "kind": "visit",
+                            "rollout_id": "a",
+                            "turn_index": 1,
+                            "rubric_id": "R1",
+                            "status": "ok",
+                            "level": 2,
+                            "page_ids": ["W1"],
+                            "support_points": ["a"],
+                            "answer": answer,
+                            "request_key": "k1",
+                            "cache_hit": False,
+                            "attempt_count": 1,
+                            "attempts": [],
+                            "created_at": datetime.now(UTC),
+                        }
+                    )
+                ],
+            )
+        token, hit = rt.pipeline._try_claim(stored.group_pk, "k1", "visit", "waiter")  # type: ignore[misc]
+        with rt.db.session() as s:
+            claims = s.scalars(select(m.RequestClaim.owner)).all()
+    finally:
+        rt.close()
+    assert token is None and hit is not None
+    assert hit.verdict is not None and hit.verdict.level == 2
+    assert claims == []

@@ -278,21 +278,33 @@ class Pipeline:
         what is missing: the groups already stored are recognised by their group_id.
         """
         groups = [self.resolve(g) for g in batch.groups]
-        dumped = [Dumped.of(g) for g in groups]
-        hashes = [group_hash(g, d) for g, d in zip(groups, dumped, strict=True)]
-        digest = canonical_hash(hashes + [g.group_id for g in groups])
         batch_id = batch.batch_id or uuid.uuid4().hex
+        # A group's JSON and hash are made when it is stored (in its ingest thread), so
+        # the first group starts judging without waiting for the others to be dumped;
+        # only a group_id already taken, or a re-posted batch, needs them up front.
+        prepared: list[tuple[Dumped, str] | None] = [None] * len(groups)
+
+        def prepare(i: int) -> tuple[Dumped, str]:
+            made = prepared[i]
+            if made is None:
+                dumped = Dumped.of(groups[i])
+                made = prepared[i] = (dumped, group_hash(groups[i], dumped))
+            return made
+
+        def digest() -> str:
+            return canonical_hash([prepare(i)[1] for i in range(len(groups))] + [g.group_id for g in groups])
+
         with self.db.session() as s:
             existing = self._existing_batch(s, tenant, batch_id, digest)
             if existing is not None:
                 return batch_id, existing, False
-            named = {g.group_id: h for g, h in zip(groups, hashes, strict=True) if g.group_id is not None}
+            named = {g.group_id: i for i, g in enumerate(groups) if g.group_id is not None}
             for group_id, stored_hash in s.execute(
                 select(m.Group.group_id, m.Group.content_hash).where(
                     m.Group.tenant == tenant, m.Group.group_id.in_(list(named))
                 )
             ):
-                if stored_hash != named[group_id]:
+                if stored_hash != prepare(named[group_id])[1]:
                     raise Conflict(f"group_id {group_id!r} already exists with different content")
         # Groups with the longest visit chains are stored (and start judging) first: the
         # step ends when its longest chain does, so that chain should not wait for the
@@ -304,15 +316,13 @@ class Pipeline:
         # has one writer at a time.
         threads = INGEST_THREADS if self.db.engine.dialect.name == "postgresql" else 1
         with ThreadPoolExecutor(threads, thread_name_prefix="drcredit-ingest") as pool:
-            stored = pool.map(
-                lambda i: self.submit_group(tenant, groups[i], position=i, prepared=(dumped[i], hashes[i])), order
-            )
+            stored = pool.map(lambda i: self.submit_group(tenant, groups[i], position=i, prepared=prepare(i)), order)
             by_position.update(zip(order, stored, strict=True))
         submitted = [by_position[i] for i in range(len(groups))]
         try:
             with self.db.session() as s:
                 row = m.Batch(
-                    tenant=tenant, batch_id=batch_id, content_hash=digest, group_ids=[x.group_id for x in submitted]
+                    tenant=tenant, batch_id=batch_id, content_hash=digest(), group_ids=[x.group_id for x in submitted]
                 )
                 s.add(row)
                 s.flush()
@@ -329,11 +339,13 @@ class Pipeline:
         return batch_id, submitted, True
 
     @staticmethod
-    def _existing_batch(s: Session, tenant: str, batch_id: str, digest: str) -> list[Submitted] | None:
+    def _existing_batch(s: Session, tenant: str, batch_id: str, digest: Callable[[], str]) -> list[Submitted] | None:
+        """The groups of an already stored batch (``digest``, its content's hash, is only
+        made when there is one to compare with)."""
         existing = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
         if existing is None:
             return None
-        if existing.content_hash != digest:
+        if existing.content_hash != digest():
             raise Conflict(f"batch_id {batch_id!r} already exists with different content")
         rows = s.execute(
             select(m.Group.id, m.Group.group_id, m.Group.status).where(
@@ -678,7 +690,7 @@ class Pipeline:
         the others have finished.
         """
         owner = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
-        claims = await self.engine.db(self._claim_units, refs, owner)
+        claims = await self.engine.db(_retry_lock_conflicts, self._claim_units, refs, owner)
         outcomes = await asyncio.gather(
             *(self._arun_claimed(ref, claims[ref.unit_id], owner) for ref in refs), return_exceptions=True
         )
@@ -735,8 +747,14 @@ class Pipeline:
         """
         out: dict[int, Claimed | UnitOutcome] = {r.unit_id: "noop" for r in refs}
         with self.db.session() as s:
-            # Group rows first (locked in id order, as every transaction takes them).
-            groups = repo.group_states(s, {r.group_pk for r in refs}, lock=True)
+            # A claim changes a group row only to start a queued group (its first claim):
+            # only then does it lock the group rows, first and in id order as every
+            # transaction does. Otherwise it waits on no batch write of those groups;
+            # the units' own locks order it with a failing group's cancellation.
+            group_pks = {r.group_pk for r in refs}
+            groups = repo.group_states(s, group_pks)
+            if any(status == "queued" for status, _ in groups.values()):
+                groups = repo.group_states(s, group_pks, lock=True)
             units = repo.units_for_claim(s, [r.unit_id for r in refs])
             with self._cache_lock:
                 headless = {u.group_pk for u in units if u.payload is not None and u.group_pk not in self._headers}
@@ -1115,9 +1133,16 @@ class Pipeline:
         try:
             with self.db.session() as s:
                 s.add(m.RequestClaim(group_pk=group_pk, request_key=key, owner=token, claimed_at=now()))
-            return token, None
         except IntegrityError:
             pass
+        else:
+            # The owner this delivery waited on stores its answer before letting go of
+            # its claim: a claim won just after it must take that answer, not ask again.
+            hit = self._stored_answer(group_pk, key, kind)
+            if hit is None:
+                return token, None
+            self._drop_claim(group_pk, key, token)
+            return None, hit
         hit = self._stored_answer(group_pk, key, kind)
         if hit is not None:
             return None, hit
@@ -1207,15 +1232,7 @@ class Pipeline:
 
     def _write_batch(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
         """:meth:`_write_batch_once`, run again when the server aborted it to break a deadlock."""
-        for attempt in Retrying(
-            stop=stop_after_attempt(8),
-            wait=wait_random(0.005, 0.05),
-            retry=retry_if_exception(is_lock_conflict),
-            reraise=True,
-        ):
-            with attempt:
-                return self._write_batch_once(writes)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return _retry_lock_conflicts(self._write_batch_once, writes)
 
     def _write_batch_once(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
         """Store judgments, renew leases and finish units, for many chains in one transaction.
@@ -1516,6 +1533,20 @@ class Pipeline:
             while len(self._content_cache) > 4096:
                 self._content_cache.popitem(last=False)
         return content
+
+
+def _retry_lock_conflicts(transaction: Callable[..., S], *args: Any) -> S:
+    """Run a transaction again when the server aborted it to break a deadlock (nothing
+    of it was committed)."""
+    for attempt in Retrying(
+        stop=stop_after_attempt(8),
+        wait=wait_random(0.005, 0.05),
+        retry=retry_if_exception(is_lock_conflict),
+        reraise=True,
+    ):
+        with attempt:
+            return transaction(*args)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def judgments_of(s: Session, group_pk: int) -> Judgments:
