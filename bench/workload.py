@@ -154,7 +154,9 @@ def _rollout(
                 returned.append(u)
                 n_results += 1
                 doc = pool[u]
-                results.append({"id": f"S{n_results}", "url": doc["url"], "title": doc["title"], "snippet": doc["snippet"]})
+                results.append(
+                    {"id": f"S{n_results}", "url": doc["url"], "title": doc["title"], "snippet": doc["snippet"]}
+                )
         searched.append(returned)
         turns.append(
             {

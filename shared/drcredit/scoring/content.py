@@ -15,6 +15,7 @@ from drcredit.domain.group import GroupContent, GroupIn, Rubric
 from drcredit.domain.outline import outline_turns
 from drcredit.domain.params import ScoringParams
 from drcredit.storage import models
+from drcredit.storage import repository as repo
 
 _RUBRICS = TypeAdapter(list[Rubric])
 
@@ -62,13 +63,9 @@ def outlined_rollouts(s: Session, group_pk: int) -> list[tuple[int, dict[str, An
     What the credit math reads (drcredit.domain.outline). A rollout stored before
     outlines existed gets its outline from its turn bodies here.
     """
-    rows = s.execute(
-        select(models.Rollout.id, models.Rollout.rollout_id, models.Rollout.outcome_reward, models.Rollout.outline)
-        .where(models.Rollout.group_pk == group_pk)
-        .order_by(models.Rollout.position)
-    ).all()
+    rows = repo.rollout_outlines(s, group_pk)
     bodies: dict[int, list[Any]] = {}
-    missing = [r.id for r in rows if r.outline is None]
+    missing = [pk for pk, _, _, outline in rows if outline is None]
     if missing:
         for rollout_pk, body in s.execute(
             select(models.Turn.rollout_pk, models.Turn.body)
@@ -78,14 +75,14 @@ def outlined_rollouts(s: Session, group_pk: int) -> list[tuple[int, dict[str, An
             bodies.setdefault(rollout_pk, []).append(body)
     return [
         (
-            r.id,
+            pk,
             {
-                "id": r.rollout_id,
-                "outcome_reward": r.outcome_reward,
-                "turns": r.outline if r.outline is not None else outline_turns(bodies.get(r.id, [])),
+                "id": rollout_id,
+                "outcome_reward": reward,
+                "turns": outline if outline is not None else outline_turns(bodies.get(pk, [])),
             },
         )
-        for r in rows
+        for pk, rollout_id, reward, outline in rows
     ]
 
 

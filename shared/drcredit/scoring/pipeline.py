@@ -1405,88 +1405,44 @@ class Pipeline:
         """Compute and store credits and advantages once every judgment is in."""
         with self.db.session() as s:
             # The row lock serializes duplicate deliveries; the second finds it done.
-            group = s.scalar(select(m.Group).where(m.Group.id == group_pk).with_for_update())
+            group = repo.group_for_aggregation(s, group_pk)
             if group is None or group.status not in ("queued", "running") or group.aggregation == "done":
                 return
-            params = params_of(group)
+            params = self._params(group_pk, group.params)
             # Outlines, not turn bodies: credits read the rollouts' shape only.
             outlined = outlined_rollouts(s, group_pk)
-            rollout_pks = {doc["id"]: pk for pk, doc in outlined}
-            turn_pks: dict[int, list[int]] = {}
-            for rollout_pk, turn_pk in s.execute(
-                select(m.Turn.rollout_pk, m.Turn.id)
-                .where(m.Turn.rollout_pk.in_(list(rollout_pks.values())))
-                .order_by(m.Turn.rollout_pk, m.Turn.index)
-            ):
-                turn_pks.setdefault(rollout_pk, []).append(turn_pk)
             content = GroupContent.model_validate(
                 {"question": group.question, "rubrics": group.rubrics, "rollouts": [doc for _, doc in outlined]}
             )
             judgments = judgments_of(s, group_pk)
+            stamp = now()
             try:
                 credits = group_credits(content, judgments, params)
                 advantages = group_advantages(content, credits, params)
             except Exception as exc:
                 log.exception("aggregation of group %s failed", group_pk)
-                reason = f"aggregation failed: {type(exc).__name__}: {exc}"
-                group.status, group.error, group.finished_at = "failed", reason, now()
-                announce_final(s, group_pk)
+                repo.finish_group(s, group_pk, None, f"aggregation failed: {type(exc).__name__}: {exc}", stamp)
                 failed = True
             else:
                 failed = False
-                self._store_aggregation(s, group, rollout_pks, turn_pks, credits, advantages)
-                announce_final(s, group_pk)
-            created = group.created_at
+                rollout_pks = {doc["id"]: pk for pk, doc in outlined}
+                turn_pks = repo.turn_ids(s, rollout_pks.values())
+                repo.store_results(s, *_result_rows(rollout_pks, turn_pks, credits, advantages))
+                st = advantages.stats
+                stats = {
+                    "mu_rg": st.mu_rg,
+                    "sigma_rg": st.sigma_rg,
+                    "mu_o": st.mu_o,
+                    "sigma_o": st.sigma_o,
+                    "research_turns": st.research_turns,
+                }
+                repo.finish_group(s, group_pk, stats, None, stamp)
+            announce_final(s, group_pk)
         self.events.finished([group_pk])
         metrics.GROUPS_FINISHED.labels("failed" if failed else "done").inc()
         if not failed:
-            metrics.GROUP_LATENCY.observe((now() - _aware(created)).total_seconds())
+            metrics.GROUP_LATENCY.observe((stamp - _aware(group.created_at)).total_seconds())
             log.info("group done", extra={"group_pk": group_pk})
-
-    @staticmethod
-    def _store_aggregation(
-        s: Session,
-        group: m.Group,
-        rollout_pks: dict[str, int],
-        turn_pks: dict[int, list[int]],
-        credits: list[RolloutCredits],
-        advantages: GroupAdvantages,
-    ) -> None:
-        """Write a group's credits and advantages and mark it done, in ``s``."""
-        turn_rows: list[tuple[int, tuple[Any, ...]]] = []
-        rollout_rows: list[tuple[int, float]] = []
-        for rc, ra in zip(credits, advantages.rollouts, strict=True):
-            rollout_pk = rollout_pks[rc.rollout_id]
-            rollout_rows.append((rollout_pk, ra.outcome_advantage))
-            for turn_pk, tc, ta in zip(turn_pks.get(rollout_pk, []), rc.turns, ra.turns, strict=True):
-                turn_rows.append(
-                    (
-                        turn_pk,
-                        (
-                            tc.credit,
-                            tc.visit_credit,
-                            tc.visit_credit_uncapped,
-                            tc.navigation_credit,
-                            tc.snippet_credit,
-                            tc.snippet_matches,
-                            ta.normalized_credit,
-                            ta.process_advantage,
-                            ta.advantage,
-                        ),
-                    )
-                )
-        repo.store_results(s, turn_rows, rollout_rows)
-        st = advantages.stats
-        group.stats = {
-            "mu_rg": st.mu_rg,
-            "sigma_rg": st.sigma_rg,
-            "mu_o": st.mu_o,
-            "sigma_o": st.sigma_o,
-            "research_turns": st.research_turns,
-        }
-        group.status, group.aggregation, group.finished_at = "done", "done", now()
-        if group.started_at is None:
-            group.started_at = group.finished_at
 
     def fail_group(self, group_pk: int, reason: str) -> None:
         with self.db.session() as s:
@@ -1535,6 +1491,34 @@ class Pipeline:
         return content
 
 
+def _result_rows(
+    rollout_pks: dict[str, int],
+    turn_pks: dict[int, list[int]],
+    credits: list[RolloutCredits],
+    advantages: GroupAdvantages,
+) -> tuple[list[tuple[int, tuple[Any, ...]]], list[tuple[int, float]]]:
+    """Aggregation's results as rows for :func:`drcredit.storage.repository.store_results`."""
+    turn_rows: list[tuple[int, tuple[Any, ...]]] = []
+    rollout_rows: list[tuple[int, float]] = []
+    for rc, ra in zip(credits, advantages.rollouts, strict=True):
+        rollout_pk = rollout_pks[rc.rollout_id]
+        rollout_rows.append((rollout_pk, ra.outcome_advantage))
+        for turn_pk, tc, ta in zip(turn_pks.get(rollout_pk, []), rc.turns, ra.turns, strict=True):
+            values = (
+                tc.credit,
+                tc.visit_credit,
+                tc.visit_credit_uncapped,
+                tc.navigation_credit,
+                tc.snippet_credit,
+                tc.snippet_matches,
+                ta.normalized_credit,
+                ta.process_advantage,
+                ta.advantage,
+            )
+            turn_rows.append((turn_pk, values))
+    return turn_rows, rollout_rows
+
+
 def _retry_lock_conflicts(transaction: Callable[..., S], *args: Any) -> S:
     """Run a transaction again when the server aborted it to break a deadlock (nothing
     of it was committed)."""
@@ -1553,17 +1537,7 @@ def judgments_of(s: Session, group_pk: int) -> Judgments:
     """The stored ordinal judgments of a group, as the credit math reads them."""
     visit: dict[tuple[str, int, str], int] = {}
     snippet: dict[tuple[str, int], int] = {}
-    for kind, rollout_id, turn_index, rubric_id, status, level, count in s.execute(
-        select(
-            m.Judgment.kind,
-            m.Judgment.rollout_id,
-            m.Judgment.turn_index,
-            m.Judgment.rubric_id,
-            m.Judgment.status,
-            m.Judgment.level,
-            m.Judgment.match_count,
-        ).where(m.Judgment.group_pk == group_pk)
-    ):
+    for kind, rollout_id, turn_index, rubric_id, status, level, count in repo.judgment_outcomes(s, group_pk):
         if kind == "visit":
             visit[(rollout_id, turn_index, rubric_id)] = (level or 0) if status in ("ok", "deterministic") else 0
         elif status in ("ok", "failed"):

@@ -23,7 +23,7 @@ from sqlalchemy import Table, bindparam, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from drcredit.storage import models as m
-from drcredit.storage.database import postgres_driver
+from drcredit.storage.database import dump_json, postgres_driver
 
 #: (group row id, rollout id)
 RolloutKey = tuple[int, str]
@@ -419,3 +419,123 @@ def store_results(
             update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")),
             [{"pk": pk, "outcome_advantage": a} for pk, a in rollouts],
         )
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+
+@dataclass(frozen=True)
+class GroupForAggregation:
+    """What aggregation reads of a group row (locked)."""
+
+    status: str
+    aggregation: str
+    params: dict[str, Any]
+    question: str
+    rubrics: list[Any]
+    created_at: datetime
+
+
+def group_for_aggregation(s: Session, group_pk: int) -> GroupForAggregation | None:
+    """The group row, locked (FOR NO KEY UPDATE): a second delivery of its aggregation waits here."""
+    columns = "status, aggregation, params, question, rubrics, created_at"
+    pg = postgres_driver(s)
+    if pg is not None:
+        row = pg.execute(f"SELECT {columns} FROM groups WHERE id = %s FOR NO KEY UPDATE", (group_pk,)).fetchone()
+    else:
+        g = m.Group
+        row = (
+            s.connection()
+            .execute(
+                select(g.status, g.aggregation, g.params, g.question, g.rubrics, g.created_at)
+                .where(g.id == group_pk)
+                .with_for_update(key_share=True)
+            )
+            .one_or_none()
+        )
+    return None if row is None else GroupForAggregation(*row)
+
+
+def rollout_outlines(s: Session, group_pk: int) -> list[tuple[int, str, float | None, list[Any] | None]]:
+    """(row id, rollout id, outcome reward, outline) of the group's rollouts in posted order."""
+    pg = postgres_driver(s)
+    if pg is not None:
+        return list(
+            pg.execute(
+                "SELECT id, rollout_id, outcome_reward, outline FROM rollouts WHERE group_pk = %s ORDER BY position",
+                (group_pk,),
+            )
+        )
+    r = m.Rollout
+    return [
+        tuple(row)
+        for row in s.connection().execute(
+            select(r.id, r.rollout_id, r.outcome_reward, r.outline).where(r.group_pk == group_pk).order_by(r.position)
+        )
+    ]
+
+
+def turn_ids(s: Session, rollout_pks: Collection[int]) -> dict[int, list[int]]:
+    """Rollout row id -> its turns' row ids in turn order."""
+    out: dict[int, list[int]] = {}
+    if not rollout_pks:
+        return out
+    pg = postgres_driver(s)
+    if pg is not None:
+        rows: Iterable[tuple[int, int]] = pg.execute(
+            "SELECT rollout_pk, id FROM turns WHERE rollout_pk = ANY(%s) ORDER BY rollout_pk, index",
+            (sorted(rollout_pks),),
+        )
+    else:
+        rows = s.connection().execute(
+            select(m.Turn.rollout_pk, m.Turn.id)
+            .where(m.Turn.rollout_pk.in_(sorted(rollout_pks)))
+            .order_by(m.Turn.rollout_pk, m.Turn.index)
+        )
+    for rollout_pk, turn_pk in rows:
+        out.setdefault(rollout_pk, []).append(turn_pk)
+    return out
+
+
+def judgment_outcomes(s: Session, group_pk: int) -> list[tuple[str, str, int, str, str, int | None, int | None]]:
+    """(kind, rollout id, turn index, rubric id, status, level, match count) of the group's judgments."""
+    columns = "kind, rollout_id, turn_index, rubric_id, status, level, match_count"
+    pg = postgres_driver(s)
+    if pg is not None:
+        return list(pg.execute(f"SELECT {columns} FROM judgments WHERE group_pk = %s", (group_pk,)))
+    j = m.Judgment
+    return [
+        tuple(row)  # type: ignore[misc]
+        for row in s.connection().execute(
+            select(j.kind, j.rollout_id, j.turn_index, j.rubric_id, j.status, j.level, j.match_count).where(
+                j.group_pk == group_pk
+            )
+        )
+    ]
+
+
+def finish_group(s: Session, group_pk: int, stats: dict[str, Any] | None, error: str | None, at: datetime) -> None:
+    """Mark an aggregated group done with its stats, or failed with ``error``."""
+    pg = postgres_driver(s)
+    if pg is not None:
+        if error is None:
+            pg.execute(
+                "UPDATE groups SET status = 'done', aggregation = 'done', stats = %s::json, finished_at = %s,"
+                " started_at = COALESCE(started_at, %s), updated_at = %s WHERE id = %s",
+                (dump_json(stats), at, at, at, group_pk),
+            )
+        else:
+            pg.execute(
+                "UPDATE groups SET status = 'failed', error = %s, finished_at = %s, updated_at = %s WHERE id = %s",
+                (error, at, at, group_pk),
+            )
+        return
+    g = m.Group
+    values: dict[str, Any] = (
+        {"status": "done", "aggregation": "done", "stats": stats, "finished_at": at}
+        if error is None
+        else {"status": "failed", "error": error, "finished_at": at}
+    )
+    s.connection().execute(update(g).where(g.id == group_pk).values(**values))
+    if error is None:
+        s.connection().execute(update(g).where(g.id == group_pk, g.started_at.is_(None)).values(started_at=at))
