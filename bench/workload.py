@@ -75,7 +75,13 @@ def _rubrics(rng: random.Random) -> list[dict[str, Any]]:
     return rubrics
 
 
-def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2000) -> dict[str, Any]:
+def make_group(
+    seed: int,
+    group_id: str,
+    rollouts: int = 8,
+    page_tokens: int = 2000,
+    page_failure_rate: float = PAGE_FAILURE_RATE,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     rubrics = _rubrics(rng)
     pool = []
@@ -95,12 +101,16 @@ def make_group(seed: int, group_id: str, rollouts: int = 8, page_tokens: int = 2
         (f"{_text(rng, 3)} incident {seed}", rng.sample(range(POOL_SIZE), RESULTS_PER_QUERY))
         for _ in range(QUERIES_PER_QUESTION)
     ]
-    out = [_rollout(rng, f"r{i}", pool, queries) for i in range(rollouts)]
+    out = [_rollout(rng, f"r{i}", pool, queries, page_failure_rate) for i in range(rollouts)]
     return {"group_id": group_id, "question": f"What caused incident {seed}?", "rubrics": rubrics, "rollouts": out}
 
 
 def _rollout(
-    rng: random.Random, rollout_id: str, pool: list[dict[str, Any]], queries: list[tuple[str, list[int]]]
+    rng: random.Random,
+    rollout_id: str,
+    pool: list[dict[str, Any]],
+    queries: list[tuple[str, list[int]]],
+    page_failure_rate: float,
 ) -> dict[str, Any]:
     limit = rng.random() < 1 / 7
     research = TURN_LIMIT if limit else rng.randint(4, TURN_LIMIT - 1)
@@ -125,7 +135,7 @@ def _rollout(
             for u in picked:
                 n_pages += 1
                 doc = pool[u]
-                failed = rng.random() < PAGE_FAILURE_RATE
+                failed = rng.random() < page_failure_rate
                 pages.append(
                     {
                         "id": f"W{n_pages}",
@@ -171,5 +181,13 @@ def _rollout(
     return {"id": rollout_id, "outcome_reward": round(rng.random(), 3), "turns": turns}
 
 
-def make_step(groups: int = 32, rollouts: int = 8, seed: int = 0, page_tokens: int = 2000) -> list[dict[str, Any]]:
-    return [make_group(seed * 1000 + g, f"s{seed}-g{g}", rollouts, page_tokens) for g in range(groups)]
+def make_step(
+    groups: int = 32,
+    rollouts: int = 8,
+    seed: int = 0,
+    page_tokens: int = 2000,
+    page_failure_rate: float = PAGE_FAILURE_RATE,
+) -> list[dict[str, Any]]:
+    return [
+        make_group(seed * 1000 + g, f"s{seed}-g{g}", rollouts, page_tokens, page_failure_rate) for g in range(groups)
+    ]

@@ -500,7 +500,8 @@ class Pipeline:
         units: list[dict[str, Any]] = []
         skipped: list[tuple[int, str, int]] = []
         positive = content.positive_rubrics
-        for item in items:
+        # Units are dispatched in id order: the rollout with the longest chains first.
+        for item in sorted(items, key=lambda i: -_chain_length(i.rollout)):
             rollout, plan, twins = item.rollout, item.plan, item.twins
             rollout_pk = rollout_pks[rollout.id]
             turns.extend(
@@ -1552,9 +1553,15 @@ def _rubric(content: GroupContent, rubric_id: str) -> Rubric:
     raise KeyError(rubric_id)
 
 
+def _chain_length(rollout: Rollout) -> int:
+    """Judge calls of the rollout's visit chains: its visits with a usable page (the others
+    are deterministic zeros, no call)."""
+    return sum(1 for t in rollout.turns if isinstance(t, VisitTurn) and t.usable_pages)
+
+
 def _longest_chain(group: GroupIn) -> int:
-    """Visits of the group's longest rollout: the length of its longest visit chain."""
-    return max((sum(isinstance(t, VisitTurn) for t in r.turns) for r in group.rollouts), default=0)
+    """The length of the group's longest visit chain (see :func:`_chain_length`)."""
+    return max((_chain_length(r) for r in group.rollouts), default=0)
 
 
 def _stored_state(

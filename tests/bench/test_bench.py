@@ -1,0 +1,198 @@
+"""The benchmark harness: its workload has the shapes it claims, its simulated judge answers
+valid judgments (in process and over HTTP), and its naive call count is what it says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from bench.judge_sim import FACT, Simulator, app, snippet_answer, visit_answer
+from bench.run import naive_calls
+from bench.workload import TURN_LIMIT, make_group, make_step
+
+from drcredit.domain.credit import plan_rollout
+from drcredit.domain.group import GroupIn, SearchTurn, VisitTurn
+from drcredit.domain.urls import norm_url
+from drcredit.domain.verdicts import accept_snippet_matches, validate_visit_answer
+from drcredit.judges import prompts
+from drcredit.judges.base import RetryPolicy, SnippetJudgeRequest, VisitJudgeRequest
+from drcredit.judges.openai_judge import OpenAIJudge
+from tests.support.builders import group, page, rollout, rubric, search, visit
+from tests.support.live import serving
+
+STEP = make_step(4, 8, seed=3)
+GROUPS = [GroupIn.model_validate(doc) for doc in STEP]
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+def test_the_workload_is_seeded() -> None:
+    assert make_step(2, 8, seed=3) == STEP[:2]
+    assert make_step(2, 8, seed=4) != STEP[:2]
+
+
+def test_groups_have_the_stated_rubrics_and_rollout_lengths() -> None:
+    for g in GROUPS:
+        assert 5 <= len(g.positive_rubrics) <= 8
+        assert all(r.weight == -1.0 for r in g.rubrics if not r.positive)
+        for r in g.rollouts:
+            research = [t for t in r.turns if t.type != "answer"]
+            assert 4 <= len(research) <= TURN_LIMIT
+            assert isinstance(r.turns[0], SearchTurn)  # nothing to open before a search
+            if r.turns[-1].type == "answer":
+                assert len(research) < TURN_LIMIT
+            else:
+                assert len(research) == TURN_LIMIT  # stopped by the turn limit
+
+
+def test_turns_follow_the_papers_tool_shapes() -> None:
+    visits = searches = 0
+    for g in GROUPS:
+        for r in g.rollouts:
+            for t in r.turns:
+                if isinstance(t, SearchTurn):
+                    searches += 1
+                    assert 1 <= len(t.call.queries) <= 2
+                    assert 1 <= len(t.results) <= 3 * len(t.call.queries)
+                    assert len({res.url for res in t.results}) == len(t.results)
+                elif isinstance(t, VisitTurn):
+                    visits += 1
+                    assert 1 <= len(t.pages) == len(t.call.urls) <= 2
+    assert 0.4 <= visits / (visits + searches) <= 0.6  # about half the research turns
+
+
+def test_the_same_query_returns_the_same_results_across_rollouts() -> None:
+    for g in GROUPS:
+        seen: dict[str, tuple[str, ...]] = {}
+        for r in g.rollouts:
+            for t in r.turns:
+                if isinstance(t, SearchTurn) and len(t.call.queries) == 1:
+                    urls = tuple(res.url for res in t.results)
+                    assert seen.setdefault(t.call.queries[0], urls) == urls
+
+
+def test_visits_mostly_open_what_the_rollouts_own_searches_found() -> None:
+    opened = from_search = 0
+    for g in GROUPS:
+        for r in g.rollouts:
+            found: set[str] = set()
+            for t in r.turns:
+                if isinstance(t, SearchTurn):
+                    found |= {norm_url(res.url) for res in t.results}
+                elif isinstance(t, VisitTurn):
+                    for url in t.call.urls:
+                        opened += 1
+                        from_search += norm_url(url) in found
+    assert from_search / opened >= 0.8
+
+
+def test_every_turn_has_its_own_reasoning() -> None:
+    for g in GROUPS:
+        texts = [t.reasoning for r in g.rollouts for t in r.turns if t.type != "answer"]
+        assert len(set(texts)) == len(texts)
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_the_page_failure_rate_is_honoured(rate: float) -> None:
+    g = GroupIn.model_validate(make_group(11, "g", page_failure_rate=rate))
+    pages = [p for r in g.rollouts for t in r.turns if isinstance(t, VisitTurn) for p in t.pages]
+    assert pages and all((p.error is not None) == (rate == 1.0) for p in pages)
+    assert all(p.usable == (rate == 0.0) for p in pages)
+
+
+# ----------------------------------------------------------------------------- naive count
+
+
+def test_the_naive_count_has_every_visit_times_positive_rubric_and_every_search_with_unvisited_results() -> None:
+    doc = group(
+        rollout(
+            "a",
+            search(("S1", "https://x.org/1"), ("S2", "https://n.org/1")),
+            visit(page("W1", "https://x.org/1", "text")),
+            visit(page("W2", "https://y.org/2", "", error="404")),  # a deterministic zero: counted anyway
+            search(("S3", "https://x.org/1")),  # every result visited: no call in any count
+            reward=1.0,
+        ),
+        rollout("b", search(("S1", "https://n.org/2")), reward=0.0),
+        rubrics=[rubric("R1"), rubric("R2"), rubric("P", weight=-1.0)],
+    ).model_dump(mode="json")
+    # 2 visits x 2 positive rubrics + a's first search + b's search
+    assert naive_calls([doc]) == 2 * 2 + 1 + 1
+
+
+# ----------------------------------------------------------------------------- simulated judge
+
+
+def _visit_documents(g: GroupIn) -> list[tuple[dict[str, Any], list[str]]]:
+    out = []
+    for r in g.rollouts:
+        for t in r.turns:
+            if isinstance(t, VisitTurn) and t.usable_pages:
+                request = VisitJudgeRequest(g.question, g.positive_rubrics[0], (), t)
+                out.append((prompts.visit_prompt(request), request.usable_page_ids))
+    return [(_document(p.user), ids) for p, ids in out]
+
+
+def _document(user: str) -> dict[str, Any]:
+    import orjson
+
+    value: dict[str, Any] = orjson.loads(user)
+    return value
+
+
+def test_simulated_visit_answers_pass_validation_and_respect_history() -> None:
+    leveled = 0
+    for doc, usable in _visit_documents(GROUPS[0]):
+        answer = visit_answer(doc)
+        verdict = validate_visit_answer(answer, usable)
+        if verdict.level:
+            leveled += 1
+            # What is already credited is never credited again ...
+            again = visit_answer(dict(doc, support_already_credited=list(verdict.support_points)))
+            assert not set(again["support_points"]) & set(verdict.support_points)
+            # ... and with every fact of the pages credited, nothing new is left.
+            facts = [f"fact {f} holds" for p in doc["visit"]["pages"] for f in FACT.findall(p["evidence"])]
+            assert visit_answer(dict(doc, support_already_credited=facts))["level"] == 0
+    assert leveled > 0
+
+
+def test_simulated_snippet_answers_are_accepted_whole() -> None:
+    g = GROUPS[0]
+    matched = 0
+    for r in g.rollouts:
+        for task in plan_rollout(g, r, g.params).snippet_tasks:
+            request = SnippetJudgeRequest(g.question, tuple(g.positive_rubrics), task.eligible)
+            answer = snippet_answer(_document(prompts.snippet_prompt(request).user))
+            verdict = accept_snippet_matches(
+                answer, [k.id for k in g.positive_rubrics], {res.id: res.snippet for res in task.eligible}
+            )
+            assert not verdict.rejected
+            matched += len(verdict.accepted)
+    assert matched > 0
+
+
+def test_the_simulator_serves_the_openai_protocol_and_counts_requests() -> None:
+    g = GROUPS[0]
+    turn = next(t for r in g.rollouts for t in r.turns if isinstance(t, VisitTurn) and t.usable_pages)
+    sim = Simulator(latency=0.0, sigma=0.0, concurrency=0, error_rate=0.0, seed=1)
+    with serving(app(sim), lifespan="off") as url:
+        judge = OpenAIJudge(base_url=f"{url}/v1", model="sim")
+        result = judge.judge_visit(VisitJudgeRequest(g.question, g.positive_rubrics[0], (), turn))
+    assert result.status == "ok" and result.verdict is not None
+    assert sim.stats["requests"] == sim.stats["visit"] == 1
+    assert sim.stats["prompt_tokens"] > 0
+
+
+def test_a_failing_simulator_answers_500_and_the_judgment_fails_after_its_retries() -> None:
+    g = GROUPS[0]
+    turn = next(t for r in g.rollouts for t in r.turns if isinstance(t, VisitTurn) and t.usable_pages)
+    sim = Simulator(latency=0.0, sigma=0.0, concurrency=0, error_rate=1.0, seed=1)
+    with serving(app(sim), lifespan="off") as url:
+        judge = OpenAIJudge(
+            base_url=f"{url}/v1", model="sim", retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01)
+        )
+        result = judge.judge_visit(VisitJudgeRequest(g.question, g.positive_rubrics[0], (), turn))
+    assert result.status == "failed"
+    assert [a.outcome for a in result.attempts] == ["server_error", "server_error"]
+    assert sim.stats["errors"] == 2
