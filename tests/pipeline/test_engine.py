@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from drcredit.scoring.dispatch import UnitRef, unit_batches
-from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
+from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots, Recent
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database
@@ -318,3 +318,13 @@ def test_only_deadlocks_and_serialization_failures_count_as_lock_conflicts() -> 
     assert is_lock_conflict(OperationalError("UPDATE", {}, psycopg.errors.SerializationFailure("conflict")))
     assert not is_lock_conflict(OperationalError("UPDATE", {}, psycopg.OperationalError("server closed")))
     assert not is_lock_conflict(IntegrityError("INSERT", {}, psycopg.errors.UniqueViolation("dup")))
+
+
+def test_recent_forgets_the_least_recently_used_entry() -> None:
+    cache: Recent[str, int] = Recent(size=2)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # a is now the most recently used
+    cache.put("c", 3)
+    assert "b" not in cache and cache.get("b") is None
+    assert cache.get("a") == 1 and cache.get("c") == 3

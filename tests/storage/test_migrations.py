@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, select, text
@@ -15,16 +11,6 @@ from drcredit.storage import models as m
 from drcredit.storage.histories import support_histories
 from drcredit.storage.migrate import downgrade, upgrade
 from drcredit.storage.models import Base
-from tests.support.infra import postgres_database
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'schema.sqlite3'}"
-    else:
-        with postgres_database() as url:
-            yield url
 
 
 def schema_differences(url: str) -> list[object]:
@@ -44,25 +30,25 @@ def columns(url: str, table: str) -> set[str]:
         engine.dispose()
 
 
-def test_the_migrations_at_head_match_the_models(empty_database: str) -> None:
-    upgrade(empty_database)
-    assert schema_differences(empty_database) == []
+def test_the_migrations_at_head_match_the_models(database_url: str) -> None:
+    upgrade(database_url)
+    assert schema_differences(database_url) == []
 
 
-def test_revision_0002_adds_outlines_and_payloads_and_goes_back_cleanly(empty_database: str) -> None:
-    upgrade(empty_database, "0001")
-    assert "outline" not in columns(empty_database, "rollouts")
-    upgrade(empty_database, "0002")
-    assert "outline" in columns(empty_database, "rollouts")
-    assert "payload" in columns(empty_database, "work_units")
-    downgrade(empty_database, "0001")
-    assert "outline" not in columns(empty_database, "rollouts")
-    assert "payload" not in columns(empty_database, "work_units")
-    upgrade(empty_database)
-    assert schema_differences(empty_database) == []
-    downgrade(empty_database, "0001")  # through 0003's downgrade too
-    upgrade(empty_database)
-    assert schema_differences(empty_database) == []
+def test_revision_0002_adds_outlines_and_payloads_and_goes_back_cleanly(database_url: str) -> None:
+    upgrade(database_url, "0001")
+    assert "outline" not in columns(database_url, "rollouts")
+    upgrade(database_url, "0002")
+    assert "outline" in columns(database_url, "rollouts")
+    assert "payload" in columns(database_url, "work_units")
+    downgrade(database_url, "0001")
+    assert "outline" not in columns(database_url, "rollouts")
+    assert "payload" not in columns(database_url, "work_units")
+    upgrade(database_url)
+    assert schema_differences(database_url) == []
+    downgrade(database_url, "0001")  # through 0003's downgrade too
+    upgrade(database_url)
+    assert schema_differences(database_url) == []
 
 
 def _rows(url: str, sql: str) -> list[tuple[object, ...]]:
@@ -74,8 +60,8 @@ def _rows(url: str, sql: str) -> list[tuple[object, ...]]:
         engine.dispose()
 
 
-def test_revision_0003_carries_attempts_and_support_histories_over_and_back(empty_database: str) -> None:
-    url = empty_database
+def test_revision_0003_carries_attempts_and_support_histories_over_and_back(database_url: str) -> None:
+    url = database_url  # an empty database, SQLite or Postgres (tests/conftest.py)
     upgrade(url, "0002")
     engine = create_engine(url)
     with engine.begin() as conn:

@@ -14,6 +14,7 @@ import heapq
 import itertools
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -73,6 +74,42 @@ class PrioritySlots:
             yield
         finally:
             self.release()
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Recent(Generic[K, V]):
+    """A thread-safe map of at most ``size`` entries that forgets the least recently used.
+
+    A worker keeps what never changes once stored (rollout content, plans, group
+    parameters) for the units that come back to it; the engine loop and the database
+    threads read it concurrently.
+    """
+
+    def __init__(self, size: int = 4096):
+        self.size = size
+        self._entries: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+            return value
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._entries[key] = value
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._entries
 
 
 class Engine:

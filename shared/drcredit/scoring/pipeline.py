@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -58,7 +58,7 @@ from drcredit.domain.verdicts import (
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
 from drcredit.scoring.content import Dumped, canonical_hash, group_hash, outlined_rollouts, params_of, parse_rubrics
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
-from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots
+from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots, Recent
 from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.scoring.events import GroupEvents, announce_final
 from drcredit.storage import models as m
@@ -167,8 +167,7 @@ class Pipeline:
         self.default_failure_policy = default_failure_policy
         #: Content per (group, rollout): a message carries one rollout's units, which
         #: share it; the lock guards the dict across the engine's database threads.
-        self._content_cache: OrderedDict[tuple[int, str], GroupContent] = OrderedDict()
-        self._cache_lock = threading.Lock()
+        self._content_cache: Recent[tuple[int, str], GroupContent] = Recent()
         #: Content loads in flight on the engine loop: a message's units start together
         #: and would otherwise each load (and validate) the same rollout.
         self._content_loads: dict[tuple[int, str], asyncio.Future[GroupContent]] = {}
@@ -177,11 +176,11 @@ class Pipeline:
         #: When this process last set each of its leases to expire lease_s from then
         #: (monotonic seconds): a lease is renewed only once a quarter of it has passed.
         self._lease_set_at: dict[int, float] = {}
-        self._plans: OrderedDict[tuple[int, str], RolloutPlan] = OrderedDict()
+        self._plans: Recent[tuple[int, str], RolloutPlan] = Recent()
         #: Question and positive rubrics per group, for snippet calls (which carry their
         #: results and need nothing else of the group). Filled by claims.
-        self._headers: OrderedDict[int, tuple[str, tuple[Rubric, ...]]] = OrderedDict()
-        self._group_params: OrderedDict[int, ScoringParams] = OrderedDict()
+        self._headers: Recent[int, tuple[str, tuple[Rubric, ...]]] = Recent()
+        self._group_params: Recent[int, ScoringParams] = Recent()
         #: Judge requests in flight on the engine loop (only touched from that loop).
         self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
         self._stopping = threading.Event()
@@ -757,8 +756,7 @@ class Pipeline:
             if any(status == "queued" for status, _ in groups.values()):
                 groups = repo.group_states(s, group_pks, lock=True)
             units = repo.units_for_claim(s, [r.unit_id for r in refs])
-            with self._cache_lock:
-                headless = {u.group_pk for u in units if u.payload is not None and u.group_pk not in self._headers}
+            headless = {u.group_pk for u in units if u.payload is not None and u.group_pk not in self._headers}
             for pk, question, rubrics in repo.group_headers(s, headless):
                 self._remember_header(pk, question, rubrics)
             stamp = now()
@@ -809,22 +807,15 @@ class Pipeline:
 
     def _params(self, group_pk: int, stored: dict[str, Any]) -> ScoringParams:
         """A group's parameters, validated once per process (they never change)."""
-        with self._cache_lock:
-            params = self._group_params.get(group_pk)
+        params = self._group_params.get(group_pk)
         if params is None:
             params = ScoringParams.model_validate(stored)
-            with self._cache_lock:
-                self._group_params[group_pk] = params
-                while len(self._group_params) > 4096:
-                    self._group_params.popitem(last=False)
+            self._group_params.put(group_pk, params)
         return params
 
     def _remember_header(self, group_pk: int, question: str, rubrics: Any) -> None:
         positive = tuple(r for r in parse_rubrics(rubrics) if r.positive)
-        with self._cache_lock:
-            self._headers[group_pk] = (question, positive)
-            while len(self._headers) > 4096:
-                self._headers.popitem(last=False)
+        self._headers.put(group_pk, (question, positive))
 
     def _release(self, unit_id: int, owner: str) -> None:
         """Give the lease back so the next delivery can continue at once."""
@@ -837,8 +828,7 @@ class Pipeline:
 
     async def _acontent(self, group_pk: int, rollout_id: str) -> GroupContent:
         key = (group_pk, rollout_id)
-        with self._cache_lock:
-            cached = self._content_cache.get(key)
+        cached = self._content_cache.get(key)
         if cached is not None:
             return cached
         loading = self._content_loads.get(key)
@@ -855,9 +845,7 @@ class Pipeline:
         plan = self._plans.get(key)
         if plan is None:
             plan = plan_rollout(content, rollout, params)
-            self._plans[key] = plan
-            while len(self._plans) > 4096:
-                self._plans.popitem(last=False)
+            self._plans.put(key, plan)
         return plan
 
     async def _arun_visit_chain(self, unit: Claimed, owner: str) -> UnitOutcome:
@@ -1028,8 +1016,7 @@ class Pipeline:
     async def _snippet_request(self, unit: Claimed) -> SnippetJudgeRequest:
         """From the unit's stored results and the group's header; the rollout only for a
         unit stored before snippet calls carried their results."""
-        with self._cache_lock:
-            header = self._headers.get(unit.group_pk)
+        header = self._headers.get(unit.group_pk)
         if unit.payload is not None and header is not None:
             question, rubrics = header
             return SnippetJudgeRequest(question, rubrics, unit.payload)
@@ -1475,20 +1462,15 @@ class Pipeline:
         lock must not wait on a second connection of its own).
         """
         key = (group_pk, rollout_id)
-        with self._cache_lock:
-            cached = self._content_cache.get(key)
-            if cached is not None:
-                self._content_cache.move_to_end(key)
-                return cached
+        cached = self._content_cache.get(key)
+        if cached is not None:
+            return cached
         with nullcontext(session) if session is not None else self.db.session() as s:
             document = repo.rollout_document(s, group_pk, rollout_id)
         if document is None:
             raise NotFound(f"rollout {rollout_id!r} of group {group_pk} not found")
         content = GroupContent.model_validate(document)
-        with self._cache_lock:
-            self._content_cache[key] = content
-            while len(self._content_cache) > 4096:
-                self._content_cache.popitem(last=False)
+        self._content_cache.put(key, content)
         return content
 
 
