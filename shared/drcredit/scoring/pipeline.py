@@ -166,7 +166,7 @@ class Pipeline:
         self.dispatcher = dispatcher
         self.default_failure_policy = default_failure_policy
         #: Content per (group, rollout): a message carries one rollout's units, which
-        #: share it; the lock guards the dict across the engine's database threads.
+        #: share it (read from the engine loop and its database threads).
         self._content_cache: Recent[tuple[int, str], GroupContent] = Recent()
         #: Content loads in flight on the engine loop: a message's units start together
         #: and would otherwise each load (and validate) the same rollout.
