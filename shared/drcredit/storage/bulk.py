@@ -44,18 +44,13 @@ class JudgmentRow:
         return tuple(self.values[c] for c in JUDGMENT_KEY)
 
 
-def _driver(s: Session) -> psycopg.Connection[Any]:
-    driver = postgres_driver(s)
-    assert driver is not None
-    return driver
-
-
 def store_judgments(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
     """Insert the rows that are not stored yet; returns the indices of those inserted."""
     if not rows:
         return set()
-    if s.get_bind().dialect.name == "postgresql":
-        return _store_postgres(s, rows)
+    pg = postgres_driver(s)
+    if pg is not None:
+        return _store_postgres(pg, rows)
     return _store_portable(s, rows)
 
 
@@ -66,12 +61,11 @@ def copy_rows(s: Session, table: Table, columns: Sequence[str], rows: Iterable[S
     one command, where an INSERT per row (even pipelined) cost the API more CPU than
     validating the whole batch. Values are Python values, as for an INSERT.
     """
-    if s.get_bind().dialect.name == "postgresql":
-        driver = s.connection().connection.driver_connection
-        assert driver is not None
+    pg = postgres_driver(s)
+    if pg is not None:
         as_json = [isinstance(table.c[c].type, JSON) for c in columns]
         names = ", ".join(f'"{c}"' for c in columns)
-        with driver.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
+        with pg.cursor() as cursor, cursor.copy(f'COPY "{table.name}" ({names}) FROM STDIN') as copy:
             for row in rows:
                 copy.write_row([dump_json(v) if j and v is not None else v for v, j in zip(row, as_json, strict=True)])
         return
@@ -86,8 +80,9 @@ def held_leases(s: Session, leases: Sequence[tuple[int, str]]) -> set[int]:
     """
     if not leases:
         return set()
-    if s.get_bind().dialect.name == "postgresql":
-        return {unit_id for (unit_id,) in _driver(s).execute(_PG_HELD, {"leases": _leases_json(leases)})}
+    pg = postgres_driver(s)
+    if pg is not None:
+        return {unit_id for (unit_id,) in pg.execute(_PG_HELD, {"leases": _leases_json(leases)})}
     return set(
         s.connection().scalars(
             select(m.WorkUnit.id).where(
@@ -101,9 +96,10 @@ def renew_leases(s: Session, leases: Sequence[tuple[int, str]], expires: datetim
     """Extend the leases still held by their (unit, owner); returns the units kept."""
     if not leases:
         return set()
-    if s.get_bind().dialect.name == "postgresql":
+    pg = postgres_driver(s)
+    if pg is not None:
         params = {"leases": _leases_json(leases), "expires": expires, "now": datetime.now(expires.tzinfo)}
-        return {unit_id for (unit_id,) in _driver(s).execute(_PG_RENEW, params)}
+        return {unit_id for (unit_id,) in pg.execute(_PG_RENEW, params)}
     return set(
         s.scalars(
             update(m.WorkUnit)
@@ -181,9 +177,9 @@ RETURNING work_units.id
 """
 
 
-def _store_postgres(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
+def _store_postgres(pg: psycopg.Connection[Any], rows: Sequence[JudgmentRow]) -> set[int]:
     payload = [{**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n} for n, row in enumerate(rows)]
-    return {n for (n,) in _driver(s).execute(_PG_STORE, {"rows": dump_json(payload)})}
+    return {n for (n,) in pg.execute(_PG_STORE, {"rows": dump_json(payload)})}
 
 
 # ----------------------------------------------------------------------------- portable
