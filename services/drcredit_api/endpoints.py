@@ -168,7 +168,7 @@ async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wa
     """Per-turn advantages once the group is done; ``409`` with its status before that."""
     await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
     return await _read(
-        rt, lambda s: documents.advantages_document(documents.find_group(s, tenant, group_id, full=True))
+        rt, lambda s: documents.advantages_document(s, documents.find_group(s, tenant, group_id, full=True))
     )
 
 
@@ -256,7 +256,7 @@ async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wa
         docs = []
         for g in groups:
             if g.status == "done":
-                docs.append(documents.advantages_document(documents.find_group(s, tenant, g.group_id, full=True)))
+                docs.append(documents.advantages_document(s, documents.find_group(s, tenant, g.group_id, full=True)))
             else:
                 docs.append({"group_id": g.group_id, "status": g.status, "error": g.error})
         return {"batch_id": batch_id, "status": _batch_status(groups), "groups": docs}

@@ -64,9 +64,16 @@ class GroupStatus(_Open):
 class TurnAdvantage(_Open):
     index: int
     type: str
+    #: Null on the final answer, and on an unscorable turn under ``exclude``.
     credit: float | None
+    #: A_rg, the normalized credit (null on the final answer).
     process_advantage: float | None
+    #: D, the discounted process advantage (equal to A_rg when ``discount`` is 0).
+    discounted_process_advantage: float | None
+    #: The fused advantage a trainer uses.
     advantage: float
+    #: The credit depends on a failed judgment.
+    unscorable: bool
 
 
 class RolloutAdvantages(_Open):
@@ -83,11 +90,17 @@ class Stats(_Open):
     sigma_o: float | None
 
 
+class AdvantagesProgress(Progress):
+    unscorable_turns: int
+
+
 class AdvantagesDocument(_Open):
     group_id: str
     status: str
     params: dict[str, Any]
     stats: Stats
+    #: The group's judgment counts, failures included.
+    progress: AdvantagesProgress
     rollouts: list[RolloutAdvantages]
 
 
@@ -123,7 +136,12 @@ class Sensitivity(_Open):
     fused_sign_agreement: float
 
 
-class ReplayDocument(AdvantagesDocument):
+class ReplayDocument(_Open):
+    group_id: str
+    status: str
+    params: dict[str, Any]
+    stats: Stats
+    rollouts: list[RolloutAdvantages]
     reference_params: dict[str, Any]
     exact: bool
     bounded_turns: list[dict[str, Any]]

@@ -108,7 +108,7 @@ def score(
             row = documents.find_group(s, "public", submitted.group_id, full=True)
             if row.status != "done":
                 _fail(f"group {row.group_id} {row.status}: {row.error}")
-            document = documents.advantages_document(row)
+            document = documents.advantages_document(s, row)
             progress = documents.progress(s, row)
     finally:
         runtime.close()

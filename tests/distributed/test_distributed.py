@@ -89,7 +89,7 @@ def embedded_reference(tmp_path: Path, judge: JudgeServer, groups: list[dict[str
             with rt.db.session() as s:
                 rows = [documents.find_group(s, "ref", d["group_id"], full=True) for d in groups]
                 if all(r.status == "done" for r in rows):
-                    return {r.group_id: documents.advantages_document(r) for r in rows}
+                    return {r.group_id: documents.advantages_document(s, r) for r in rows}
             assert time.monotonic() < deadline
     finally:
         rt.close()

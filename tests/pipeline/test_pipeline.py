@@ -47,7 +47,7 @@ def score(rt: Runtime, g: GroupIn, timeout: float = 30) -> dict[str, Any]:
             if row.status in ("done", "failed"):
                 assert row.status == "done", row.error
                 return {
-                    "advantages": documents.advantages_document(row),
+                    "advantages": documents.advantages_document(s, row),
                     "credits": documents.credits_document(s, row),
                     "progress": documents.progress(s, row),
                 }
@@ -257,7 +257,7 @@ def _finished(rt: Runtime, group_id: str, timeout: float = 30) -> dict[str, Any]
         with rt.db.session() as s:
             row = documents.find_group(s, "t", group_id, full=True)
             if row.status == "done":
-                return {"advantages": documents.advantages_document(row), "credits": documents.credits_document(s, row)}
+                return {"advantages": documents.advantages_document(s, row), "credits": documents.credits_document(s, row)}
         assert time.monotonic() < deadline, "group did not finish"
         time.sleep(0.05)
 

@@ -364,9 +364,10 @@ def test_discount_accumulates_backwards_within_the_rollout() -> None:
     d2 = ARG[2]
     d1 = ARG[1] + 0.5 * d2
     d0 = ARG[0] + 0.5 * d1
-    got = [t.process_advantage for t in adv.rollouts[0].turns]
+    got = [t.discounted_process_advantage for t in adv.rollouts[0].turns]
     assert got[:3] == [pytest.approx(d0), pytest.approx(d1), pytest.approx(d2)] and got[3] is None
-    assert [t.normalized_credit for t in adv.rollouts[0].turns[:3]] == [pytest.approx(x) for x in ARG]
+    # process_advantage stays A_rg whatever the discount (API.md).
+    assert [t.process_advantage for t in adv.rollouts[0].turns[:3]] == [pytest.approx(x) for x in ARG]
     assert adv.rollouts[0].turns[0].advantage == pytest.approx(AO + d0)
 
 

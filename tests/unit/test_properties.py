@@ -238,7 +238,7 @@ def test_every_advantage_is_finite(case: Case) -> None:
         assert math.isfinite(r.outcome_advantage)
         for t in r.turns:
             assert math.isfinite(t.advantage)
-            for value in (t.normalized_credit, t.process_advantage):
+            for value in (t.process_advantage, t.discounted_process_advantage):
                 assert value is None or math.isfinite(value)
 
 
@@ -247,11 +247,11 @@ def test_every_advantage_is_finite(case: Case) -> None:
 def test_process_advantages_are_centred_and_scaled(case: Case) -> None:
     """Over the pooled non-final turns: A_rg has mean 0 and population std 1 when
     sigma_rg >= 1e-12, and is 0 everywhere otherwise; with gamma = 0 the process
-    advantage D is A_rg, and the fused advantage is A_o + w D (SPEC section 6)."""
+    advantage D equals A_rg, and the fused advantage is A_o + w D (SPEC section 6)."""
     _, adv = score(case)
     turns = [(r, t) for r in adv.rollouts for t in r.turns if t.credit is not None]
     assert adv.stats.research_turns == len(turns)
-    normalized = [t.normalized_credit for _, t in turns]
+    normalized = [t.process_advantage for _, t in turns]
     assert all(x is not None for x in normalized)
     a_rg = [float(x) for x in normalized if x is not None]
     if adv.stats.sigma_rg >= SIGMA_FLOOR:
@@ -264,9 +264,9 @@ def test_process_advantages_are_centred_and_scaled(case: Case) -> None:
     p = case.params
     if p.discount == 0:
         for r, t in turns:
-            assert t.process_advantage == t.normalized_credit
+            assert t.discounted_process_advantage == t.process_advantage
             outcome = r.outcome_advantage if p.outcome_on_research_turns else 0.0
-            expected = outcome + p.process_weight * float(t.normalized_credit or 0.0)
+            expected = outcome + p.process_weight * float(t.process_advantage or 0.0)
             assert math.isclose(t.advantage, expected, rel_tol=1e-12, abs_tol=1e-12)
 
 

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from drcredit.domain.credit import RolloutCredits
+from drcredit.domain.credit import RolloutCredits, TurnCredit
 from drcredit.domain.group import GroupContent
 from drcredit.domain.params import ScoringParams
 
@@ -18,12 +18,16 @@ SIGMA_FLOOR = 1e-12
 class TurnAdvantage:
     index: int
     type: str
+    #: The turn's credit; None on the final answer and, under ``exclude``, on an
+    #: unscorable turn.
     credit: float | None
-    #: (c - mu_rg) / sigma_rg; None on the final answer.
-    normalized_credit: float | None
-    #: The discounted process advantage D (equal to normalized_credit when gamma = 0).
+    #: A_rg = (c - mu_rg) / sigma_rg (0 for an excluded turn); None on the final answer.
     process_advantage: float | None
+    #: The discounted process advantage D (equal to A_rg when gamma = 0).
+    discounted_process_advantage: float | None
     advantage: float
+    #: The credit depends on a failed judgment (SPEC section 8).
+    unscorable: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ class GroupStats:
     mu_o: float | None
     sigma_o: float | None
     research_turns: int
+    #: Non-final turns whose credit depends on a failed judgment.
+    unscorable_turns: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,27 +90,29 @@ def standardize(value: float, mu: float, sigma: float) -> float:
 
 
 def group_advantages(group: GroupContent, credits: Sequence[RolloutCredits], params: ScoringParams) -> GroupAdvantages:
-    """Fused per-turn advantages of every rollout in the group."""
+    """Fused per-turn advantages of every rollout in the group.
+
+    Under ``on_judge_failure: exclude`` an unscorable turn is left out of ``mu_rg`` and
+    ``sigma_rg``, has no credit and an ``A_rg`` of 0 (SPEC section 8); under the other
+    policies it is scored like any turn and only flagged.
+    """
     by_id = {c.rollout_id: c for c in credits}
     ordered = [by_id[r.id] for r in group.rollouts]
+    exclude = params.on_judge_failure == "exclude"
 
-    pooled = [t.credit for rc in ordered for t in rc.turns if t.credit is not None]
+    def counted(t: TurnCredit) -> float | None:
+        return None if t.credit is None or (exclude and t.unscorable) else t.credit
+
+    pooled = [c for rc in ordered for c in map(counted, rc.turns) if c is not None]
     mu_rg, sigma_rg = mean_and_std(pooled, ddof=0)
-
-    rewards = [r.outcome_reward for r in group.rollouts]
-    if all(r is not None for r in rewards):
-        present = [float(r) for r in rewards if r is not None]
-        mu_o: float | None
-        sigma_o: float | None
-        mu_o, sigma_o = mean_and_std(present, ddof=1)
-        outcome = [standardize(r, mu_o, sigma_o) for r in present]
-    else:
-        mu_o = sigma_o = None
-        outcome = [0.0] * len(rewards)
+    mu_o, sigma_o, outcome = outcome_advantages([r.outcome_reward for r in group.rollouts])
 
     out = []
     for rollout, rc, a_o in zip(group.rollouts, ordered, outcome, strict=True):
-        normalized = [None if t.credit is None else standardize(t.credit, mu_rg, sigma_rg) for t in rc.turns]
+        normalized: list[float | None] = []
+        for t in rc.turns:
+            c = counted(t)
+            normalized.append(standardize(c, mu_rg, sigma_rg) if c is not None else (None if t.credit is None else 0.0))
         discounted: list[float | None] = [None] * len(rc.turns)
         following = 0.0
         for t in reversed(range(len(rc.turns))):
@@ -114,13 +122,31 @@ def group_advantages(group: GroupContent, credits: Sequence[RolloutCredits], par
             following = value + params.discount * following
             discounted[t] = following
         turns = []
-        for tc, norm, d in zip(rc.turns, normalized, discounted, strict=True):
+        for tc, a_rg, d in zip(rc.turns, normalized, discounted, strict=True):
             if d is None:
                 advantage = a_o
             elif params.outcome_on_research_turns:
                 advantage = a_o + params.process_weight * d
             else:
                 advantage = params.process_weight * d
-            turns.append(TurnAdvantage(tc.index, tc.type, tc.credit, norm, d, advantage))
+            turns.append(TurnAdvantage(tc.index, tc.type, counted(tc), a_rg, d, advantage, tc.unscorable))
         out.append(RolloutAdvantages(rollout.id, rollout.outcome_reward, a_o, tuple(turns)))
-    return GroupAdvantages(GroupStats(mu_rg, sigma_rg, mu_o, sigma_o, len(pooled)), tuple(out))
+    unscorable = sum(1 for rc in ordered for t in rc.turns if t.unscorable)
+    return GroupAdvantages(GroupStats(mu_rg, sigma_rg, mu_o, sigma_o, len(pooled), unscorable), tuple(out))
+
+
+def outcome_advantages(rewards: Sequence[float | None]) -> tuple[float | None, float | None, list[float]]:
+    """(mu_o, sigma_o, A_o per rollout) over the rollouts that have a reward (SPEC section 6).
+
+    A group where no rollout has a reward has no outcome signal (``mu_o``/``sigma_o``
+    None, every ``A_o`` 0). Rollouts without a reward among others (an unscorable judged
+    reward under ``exclude``, SPEC section 8) get ``A_o = 0`` and are left out of the
+    statistics; fewer than two rewards left give ``A_o = 0`` for all.
+    """
+    present = [float(r) for r in rewards if r is not None]
+    if not present:
+        return None, None, [0.0] * len(rewards)
+    mu_o, sigma_o = mean_and_std(present, ddof=1)
+    if len(present) < 2:
+        return mu_o, sigma_o, [0.0] * len(rewards)
+    return mu_o, sigma_o, [0.0 if r is None else standardize(float(r), mu_o, sigma_o) for r in rewards]

@@ -181,6 +181,9 @@ class TurnCredit:
     #: For a search whose needed snippet judgment was never made (replay only): the
     #: credit range it could have; ``credit`` is then the lower end.
     credit_upper_bound: float | None = None
+    #: The credit depends on a failed judgment (SPEC section 8); it is computed as under
+    #: policy ``zero`` and flagged, whatever the policy.
+    unscorable: bool = False
 
     @property
     def bounded(self) -> bool:
@@ -198,12 +201,15 @@ class Judgments:
     """The ordinal judgments of a group, as stored.
 
     ``visit_levels`` has a level for each judged (rollout, visit, positive rubric); a
-    judgment that failed under policy ``zero`` is stored as level 0. ``snippet_matches``
-    has the accepted-match count of each search turn that was judged (0 when failed).
+    failed judgment counts as level 0. ``snippet_matches`` has the accepted-match count
+    of each search turn that was judged (0 when failed). The ``failed_*`` sets name the
+    judgments that failed, which make their turns unscorable (SPEC section 8).
     """
 
     visit_levels: Mapping[VisitKey, int]
     snippet_matches: Mapping[SearchKey, int]
+    failed_visits: frozenset[VisitKey] = frozenset()
+    failed_snippets: frozenset[SearchKey] = frozenset()
 
 
 def visit_credit(levels: list[int], params: ScoringParams) -> tuple[float, float]:
@@ -225,6 +231,7 @@ def rollout_credits(
     turns = rollout.turns
     out: dict[int, TurnCredit] = {}
     visit_capped: dict[int, float] = {}
+    unscorable_visits: set[int] = set()
     for t, turn in enumerate(turns):
         if not isinstance(turn, VisitTurn):
             continue
@@ -235,11 +242,13 @@ def rollout_credits(
                 if key not in judgments.visit_levels:
                     raise MissingJudgment(f"no visit judgment for rollout {rollout.id} turn {t} rubric {rubric.id}")
                 levels[rubric.id] = judgments.visit_levels[key]
+                if key in judgments.failed_visits:
+                    unscorable_visits.add(t)
         else:
             levels = {rubric.id: 0 for rubric in rubrics}
         capped, uncapped = visit_credit(list(levels.values()), params)
         visit_capped[t] = capped
-        out[t] = TurnCredit(t, "visit", capped, capped, uncapped, levels=levels)
+        out[t] = TurnCredit(t, "visit", capped, capped, uncapped, levels=levels, unscorable=t in unscorable_visits)
 
     links = navigation_links(rollout, params.attribution) if params.navigation else {}
     visited = visited_urls(rollout)
@@ -253,6 +262,7 @@ def rollout_credits(
         nav = min(params.cap, math.fsum(visit_capped[v] for v in linked))
         matches: int | None = 0
         upper: float | None = None
+        unscorable = any(v in unscorable_visits for v in linked)
         needs_call = (
             params.snippets
             and bool(eligible_results(rollout, turn, visited))
@@ -262,6 +272,7 @@ def rollout_credits(
             search_key = (rollout.id, t)
             if search_key in judgments.snippet_matches:
                 matches = judgments.snippet_matches[search_key]
+                unscorable = unscorable or search_key in judgments.failed_snippets
             elif allow_missing_snippets:
                 matches = None
                 upper = min(params.cap, nav + params.snippet_weight * len(rubrics))
@@ -278,6 +289,7 @@ def rollout_credits(
             snippet_matches=matches,
             navigation_visits=linked,
             credit_upper_bound=upper,
+            unscorable=unscorable,
         )
 
     result = []

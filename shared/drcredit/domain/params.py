@@ -28,7 +28,7 @@ class ScoringParams(BaseModel):
     discount: UnitFloat = 0.0
     process_weight: BoundedNonNegative = 1.0
     outcome_on_research_turns: StrictBool = True
-    on_judge_failure: Literal["zero", "fail"] = "zero"
+    on_judge_failure: Literal["zero", "fail", "exclude"] = "zero"
 
     @model_validator(mode="after")
     def _levels_non_decreasing(self) -> ScoringParams:

@@ -89,8 +89,8 @@ def require_done(group: m.Group) -> None:
         raise NotReady(group.status, message)
 
 
-def advantages_document(group: m.Group) -> dict[str, Any]:
-    """API.md's advantages document for a done group."""
+def advantages_document(s: Session, group: m.Group) -> dict[str, Any]:
+    """API.md's advantages document for a done group, with its judgment counts."""
     require_done(group)
     stats = group.stats or {}
     rollouts = []
@@ -104,7 +104,9 @@ def advantages_document(group: m.Group) -> dict[str, Any]:
                     "type": t.type,
                     "credit": None if final else t.credit,
                     "process_advantage": None if final else t.process_advantage,
+                    "discounted_process_advantage": None if final else t.discounted_process_advantage,
                     "advantage": t.advantage,
+                    "unscorable": bool(t.unscorable),
                 }
             )
         rollouts.append(
@@ -120,6 +122,7 @@ def advantages_document(group: m.Group) -> dict[str, Any]:
         "status": group.status,
         "params": group.params,
         "stats": {k: stats.get(k) for k in ("mu_rg", "sigma_rg", "mu_o", "sigma_o")},
+        "progress": {**progress(s, group), "unscorable_turns": int(stats.get("unscorable_turns", 0))},
         "metadata": group.metadata_,
         "rollouts": rollouts,
     }
@@ -147,6 +150,7 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
                 "index": t.index,
                 "type": t.type,
                 "credit": None if t.type == "answer" else t.credit,
+                "unscorable": bool(t.unscorable),
             }
             if t.type == "visit":
                 entry.update(visit_credit=t.visit_credit, visit_credit_uncapped=t.visit_credit_uncapped)

@@ -1423,6 +1423,7 @@ class Pipeline:
                     "mu_o": st.mu_o,
                     "sigma_o": st.sigma_o,
                     "research_turns": st.research_turns,
+                    "unscorable_turns": st.unscorable_turns,
                 }
                 repo.finish_group(s, group_pk, stats, None, stamp)
             announce_final(s, group_pk)
@@ -1488,15 +1489,16 @@ def _result_rows(
         rollout_rows.append((rollout_pk, ra.outcome_advantage))
         for turn_pk, tc, ta in zip(turn_pks.get(rollout_pk, []), rc.turns, ra.turns, strict=True):
             values = (
-                tc.credit,
+                ta.credit,
                 tc.visit_credit,
                 tc.visit_credit_uncapped,
                 tc.navigation_credit,
                 tc.snippet_credit,
                 tc.snippet_matches,
-                ta.normalized_credit,
                 ta.process_advantage,
+                ta.discounted_process_advantage,
                 ta.advantage,
+                ta.unscorable,
             )
             turn_rows.append((turn_pk, values))
     return turn_rows, rollout_rows
@@ -1520,12 +1522,18 @@ def judgments_of(s: Session, group_pk: int) -> Judgments:
     """The stored ordinal judgments of a group, as the credit math reads them."""
     visit: dict[tuple[str, int, str], int] = {}
     snippet: dict[tuple[str, int], int] = {}
+    failed_visits: set[tuple[str, int, str]] = set()
+    failed_snippets: set[tuple[str, int]] = set()
     for kind, rollout_id, turn_index, rubric_id, status, level, count in repo.judgment_outcomes(s, group_pk):
         if kind == "visit":
             visit[(rollout_id, turn_index, rubric_id)] = (level or 0) if status in ("ok", "deterministic") else 0
+            if status == "failed":
+                failed_visits.add((rollout_id, turn_index, rubric_id))
         elif status in ("ok", "failed"):
             snippet[(rollout_id, turn_index)] = (count or 0) if status == "ok" else 0
-    return Judgments(visit, snippet)
+            if status == "failed":
+                failed_snippets.add((rollout_id, turn_index))
+    return Judgments(visit, snippet, frozenset(failed_visits), frozenset(failed_snippets))
 
 
 def _rubric(content: GroupContent, rubric_id: str) -> Rubric:

@@ -69,7 +69,11 @@ def _high_scenario(
     filled = dict(judgments.snippet_matches)
     for key in bounded:
         filled[key] = len(content.positive_rubrics)
-    credits = group_credits(content, Judgments(judgments.visit_levels, filled), params)
+    credits = group_credits(
+        content,
+        Judgments(judgments.visit_levels, filled, judgments.failed_visits, judgments.failed_snippets),
+        params,
+    )
     return group_advantages(content, credits, params)
 
 
@@ -88,7 +92,9 @@ def _rollouts(adv: GroupAdvantages, credits: list[RolloutCredits]) -> list[dict[
                 "type": ta.type,
                 "credit": ta.credit,
                 "process_advantage": ta.process_advantage,
+                "discounted_process_advantage": ta.discounted_process_advantage,
                 "advantage": ta.advantage,
+                "unscorable": ta.unscorable,
             }
             if tc.bounded:
                 turn["credit_upper_bound"] = tc.credit_upper_bound

@@ -98,6 +98,10 @@ class Group(Base):
     #: finishing unit the only one that schedules aggregation.
     aggregation: Mapped[str] = mapped_column(String(16), default="pending")
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: Set while a judgment of the group waits for an unreachable judge (SPEC section 8):
+    #: since when, and the judge's last error.
+    judge_waiting_since: Mapped[datetime | None] = mapped_column()
+    judge_waiting_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
@@ -151,9 +155,13 @@ class Turn(Base):
     navigation_credit: Mapped[float | None] = mapped_column(Float)
     snippet_credit: Mapped[float | None] = mapped_column(Float)
     snippet_matches: Mapped[int | None] = mapped_column(Integer)
-    normalized_credit: Mapped[float | None] = mapped_column(Float)
+    #: A_rg, the normalized credit (SPEC section 6).
     process_advantage: Mapped[float | None] = mapped_column(Float)
+    #: D, the discounted process advantage (equal to A_rg when gamma = 0).
+    discounted_process_advantage: Mapped[float | None] = mapped_column(Float)
     advantage: Mapped[float | None] = mapped_column(Float)
+    #: The credit depends on a failed judgment (SPEC section 8).
+    unscorable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
 
     rollout: Mapped[Rollout] = relationship(back_populates="turns")
 
@@ -251,6 +259,24 @@ class RequestClaim(Base):
     request_key: Mapped[str] = mapped_column(String(64))
     owner: Mapped[str] = mapped_column(String(128))
     claimed_at: Mapped[datetime] = mapped_column()
+
+
+class JudgeEndpoint(Base):
+    """The state of one judge endpoint as the processes calling it last saw it.
+
+    Written on each change of a process's circuit breaker (drcredit.judges.breaker), so
+    that ``/readyz`` and the status documents can say the judge is down, and since when,
+    whichever process noticed it.
+    """
+
+    __tablename__ = "judge_endpoints"
+
+    endpoint: Mapped[str] = mapped_column(String(512), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16))  # up | down
+    since: Mapped[datetime] = mapped_column()
+    reason: Mapped[str | None] = mapped_column(Text)
+    outages: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
 
 class Replay(Base):

@@ -380,11 +380,12 @@ TURN_RESULTS = (
     "navigation_credit",
     "snippet_credit",
     "snippet_matches",
-    "normalized_credit",
     "process_advantage",
+    "discounted_process_advantage",
     "advantage",
+    "unscorable",
 )
-_TURN_RESULT_TYPES = ("float8", "float8", "float8", "float8", "float8", "int", "float8", "float8", "float8")
+_TURN_RESULT_TYPES = ("float8", "float8", "float8", "float8", "float8", "int", "float8", "float8", "float8", "bool")
 
 
 def store_results(
