@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     judge_max_attempts: int = Field(4, ge=1, le=20)
     judge_backoff_initial_s: float = Field(0.5, ge=0)
     judge_backoff_max_s: float = Field(20.0, ge=0)
+    #: How long work waits for a judge that cannot be reached (connection errors,
+    #: timeouts, 5xx or 429 outlasting a judgment's retries) before its group fails.
+    judge_outage_deadline_s: float = Field(600.0, gt=0)
     #: Judge calls in flight at once in one process.
     judge_concurrency: int = Field(64, ge=1, le=4096)
 
@@ -61,7 +64,7 @@ class Settings(BaseSettings):
     api_keys: str = ""
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     max_wait_s: float = Field(300.0, ge=0)
-    on_judge_failure: Literal["zero", "fail"] = "zero"
+    on_judge_failure: Literal["zero", "fail", "exclude"] = "zero"
 
     # Operations ------------------------------------------------------------
     #: First-generation threshold of Python's cyclic garbage collector in the API and

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -10,6 +12,7 @@ import pytest
 
 from drcredit.domain.group import GroupIn
 from drcredit.judges.base import RetryPolicy, SnippetJudgeRequest, VisitJudgeRequest
+from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.judges.openai_judge import OpenAIJudge
 from drcredit.judges.prompts import SNIPPET_SYSTEM, VISIT_SYSTEM
 from tests.support.builders import answer, group, page, rollout, rubric, search, visit
@@ -47,7 +50,12 @@ def snippet_request() -> SnippetJudgeRequest:
 
 @contextmanager
 def judge_for(
-    script: Callable[[Call], Reply], *, attempts: int = 3, timeout: float = 5.0, reject_response_format: bool = False
+    script: Callable[[Call], Reply],
+    *,
+    attempts: int = 3,
+    timeout: float = 5.0,
+    reject_response_format: bool = False,
+    outage_deadline_s: float = 600.0,
 ) -> Iterator[tuple[OpenAIJudge, JudgeServer]]:
     with running_judge(script, reject_response_format=reject_response_format) as server:
         judge = OpenAIJudge(
@@ -56,6 +64,7 @@ def judge_for(
             api_key="k",
             timeout_s=timeout,
             retry=RetryPolicy(max_attempts=attempts, backoff_initial_s=0.01, backoff_max_s=0.05),
+            outage_deadline_s=outage_deadline_s,
         )
         try:
             yield judge, server
@@ -142,13 +151,51 @@ def test_rate_limit_and_server_errors_are_retried(status: int, outcome: str) -> 
     assert server.count() == 2
 
 
-def test_timeout_is_retried_then_fails() -> None:
+def test_timeout_is_retried() -> None:
     with judge_for(sequence(Reply.json(GOOD, delay=1.5), Reply.json(GOOD)), timeout=0.5) as (judge, _):
         result = judge.judge_visit(visit_request())
     assert [a.outcome for a in result.attempts] == ["timeout", "ok"]
-    with judge_for(lambda c: Reply.json(GOOD, delay=1.0), timeout=0.3, attempts=2) as (judge, _):
+
+
+@pytest.mark.parametrize("reply", [Reply.json(GOOD, delay=1.0), Reply(status=503), Reply(status=429)])
+def test_a_judge_that_never_answers_is_unavailable_not_a_failed_judgment(reply: Reply) -> None:
+    """Timeouts, 5xx and 429 outlasting the retries open the breaker: the judgment waits,
+    probing once at a time, and past the deadline raises instead of scoring a failure."""
+    with judge_for(lambda c: reply, timeout=0.3, attempts=2, outage_deadline_s=2.0) as (judge, server):
+        with pytest.raises(JudgeUnavailable) as raised:
+            judge.judge_visit(visit_request())
+    assert judge.breaker.state().up is False and judge.breaker.state().outages == 1
+    assert raised.value.endpoint == server.url and "outage deadline" in str(raised.value)
+    # Two attempts, then single probes at growing intervals (0.5 s, 1 s, ...), no storm.
+    assert 3 <= server.count() <= 6
+
+
+def test_a_judge_that_comes_back_resumes_the_judgment_with_its_attempts_intact() -> None:
+    """Down (connections refused) for 1.5 s: the judgment waits and succeeds when the
+    server is back; attempts before the outage are recorded, none is counted as failed."""
+    with judge_for(lambda c: Reply.json(GOOD), attempts=2) as (judge, server):
+        server.down()
+        threading.Timer(1.5, server.up).start()
+        started = time.monotonic()
         result = judge.judge_visit(visit_request())
-    assert result.status == "failed" and [a.outcome for a in result.attempts] == ["timeout", "timeout"]
+        waited = time.monotonic() - started
+    assert result.status == "ok" and result.failure_reason is None
+    outcomes = [a.outcome for a in result.attempts]
+    assert outcomes[-1] == "ok" and set(outcomes[:-1]) == {"connection"}
+    assert 1.4 <= waited < 10
+    state = judge.breaker.state()
+    assert state.up and state.outages == 1
+
+
+def test_an_answer_of_any_kind_closes_the_breaker() -> None:
+    """A 401 is the judge answering: the probe's answer closes the breaker and the
+    judgment fails as an answered one, with one call."""
+    with judge_for(lambda c: Reply(status=401, error="bad key")) as (judge, server):
+        judge.breaker.unreachable("connection refused")
+        assert not judge.breaker.state().up
+        result = judge.judge_visit(visit_request())
+    assert result.status == "failed" and result.failure_reason == "fatal: 401: bad key"
+    assert judge.breaker.state().up and server.count() == 1
 
 
 def test_unauthorized_is_not_retried() -> None:

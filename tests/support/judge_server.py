@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.support.live import free_port, serving
+from tests.support.live import LiveServer, free_port
 
 
 @dataclass
@@ -58,6 +58,16 @@ class JudgeServer:
     reject_response_format: bool = False
     in_flight: int = 0
     peak_in_flight: int = 0
+    live: LiveServer | None = None
+
+    def down(self) -> None:
+        """Stop serving: every connection is refused until :meth:`up`."""
+        assert self.live is not None
+        self.live.stop()
+
+    def up(self) -> None:
+        assert self.live is not None
+        self.live.start()
 
     @property
     def url(self) -> str:
@@ -122,9 +132,16 @@ def _app(server: JudgeServer) -> Starlette:
 
 @contextmanager
 def running_judge(script: Script, *, reject_response_format: bool = False) -> Iterator[JudgeServer]:
+    """A judge server for the block; ``server.down()`` and ``server.up()`` stop it (connections
+    refused) and start it again on the same port."""
     server = JudgeServer(script, port=free_port(), reject_response_format=reject_response_format)
-    with serving(_app(server), lifespan="off", port=server.port):
+    live = LiveServer(_app(server), lifespan="off", port=server.port)
+    server.live = live
+    live.start()
+    try:
         yield server
+    finally:
+        live.stop()
 
 
 # ----------------------------------------------------------------------------- the marker script

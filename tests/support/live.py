@@ -18,20 +18,44 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class LiveServer:
+    """An ASGI app served by uvicorn in a thread, which can be stopped and started again
+    on the same port (a judge or an API that goes away and comes back)."""
+
+    def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on", port: int | None = None):
+        self.app, self.lifespan, self.port = app, lifespan, port or free_port()
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=self.lifespan)
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("test server did not start")
+            time.sleep(0.01)
+        self._server, self._thread = server, thread
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=30)
+        self._server = self._thread = None
+
+
 @contextmanager
 def serving(app: Any, *, lifespan: Literal["on", "off"] = "on", port: int | None = None) -> Iterator[str]:
     """Serve ``app`` until the block ends; yields its base URL (http://127.0.0.1:PORT)."""
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("test server did not start")
-        time.sleep(0.01)
+    server = LiveServer(app, lifespan=lifespan, port=port)
+    server.start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+        server.stop()

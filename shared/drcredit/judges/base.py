@@ -40,6 +40,7 @@ from drcredit.domain.verdicts import (
     validate_visit_answer,
 )
 from drcredit.judges import prompts
+from drcredit.judges.breaker import UNREACHABLE_OUTCOMES, CircuitBreaker
 
 JudgeKind = Literal["visit", "snippet"]
 V = TypeVar("V", VisitVerdict, SnippetVerdict)
@@ -115,6 +116,10 @@ class FatalJudgeError(Exception):
     """An attempt failed in a way retrying cannot fix (bad credentials, unknown model)."""
 
 
+class _JudgeDown(Exception):
+    """The breaker opened while a round was under way: stop it without spending attempts."""
+
+
 @dataclass
 class Attempt:
     number: int
@@ -163,9 +168,15 @@ class Judge(ABC):
 
     backend: str = "abstract"
 
-    def __init__(self, model: str, retry: RetryPolicy | None = None):
+    def __init__(self, model: str, retry: RetryPolicy | None = None, outage_deadline_s: float = 600.0):
         self.model = model
         self.retry = retry or RetryPolicy()
+        self.breaker = CircuitBreaker(self.endpoint, deadline_s=outage_deadline_s)
+
+    @property
+    def endpoint(self) -> str:
+        """What the breaker guards and outages are reported under (a URL for remote judges)."""
+        return self.backend
 
     @abstractmethod
     async def acomplete(self, prompt: Prompt) -> Completion:
@@ -218,19 +229,50 @@ class Judge(ABC):
     # ------------------------------------------------------------------ the loop
 
     async def _arun(self, prompt: Prompt, validate: Callable[[Any], V]) -> JudgeResult[V]:
+        """Judge until an answer is valid, the attempts run out, or the judge is gone.
+
+        A round of attempts that ends without reaching the judge opens the breaker: the
+        judgment waits for the judge to come back and starts a fresh round, so an outage
+        never spends its attempts. While open, one waiter at a time probes with a single
+        attempt. Past the outage deadline :class:`JudgeUnavailable` is raised.
+        """
         result: JudgeResult[V] = JudgeResult(prompt.kind, "failed", self.model, self.backend, None)
+        while True:
+            probe = await self.breaker.acquire()
+            try:
+                outcome = await self._round(prompt, validate, result, probe)
+            finally:
+                if probe:
+                    self.breaker.probe_finished()
+            if outcome != "unreachable":
+                return result
+            last = result.attempts[-1] if result.attempts else None
+            self.breaker.unreachable(last.error or last.outcome if last else "unreachable", probe=probe)
+
+    async def _round(
+        self, prompt: Prompt, validate: Callable[[Any], V], result: JudgeResult[V], probe: bool
+    ) -> Literal["ok", "failed", "unreachable"]:
+        """One round of attempts with retries and backoff, recorded into ``result``."""
+        attempts = 1 if probe else self.retry.max_attempts
+        first = len(result.attempts)
 
         async def one_attempt() -> tuple[Any, V]:
+            if not probe and self.breaker.is_open:
+                raise _JudgeDown()  # another judgment found the judge gone: wait, do not spend
             number = len(result.attempts) + 1
             started = time.perf_counter()
             try:
                 completion = await self.acomplete(prompt)
             except RetryableError as exc:
                 result.attempts.append(Attempt(number, exc.outcome, time.perf_counter() - started, error=str(exc)))
+                if exc.outcome not in UNREACHABLE_OUTCOMES:
+                    self.breaker.reachable()
                 raise
             except FatalJudgeError as exc:
                 result.attempts.append(Attempt(number, "fatal", time.perf_counter() - started, error=str(exc)))
+                self.breaker.reachable()
                 raise
+            self.breaker.reachable()
             attempt = Attempt(
                 number,
                 "ok",
@@ -249,22 +291,30 @@ class Judge(ABC):
                 raise RetryableError("invalid", str(exc)) from exc
             return answer, verdict
 
+        def exhausted() -> Literal["failed", "unreachable"]:
+            if len(result.attempts) > first and result.attempts[-1].outcome in UNREACHABLE_OUTCOMES:
+                return "unreachable"
+            self._failed(result)
+            return "failed"
+
         # The first attempt runs directly: tenacity's machinery costs more CPU than the
         # rest of a successful judgment's bookkeeping, and is only needed for a retry.
         try:
             answer, verdict = await one_attempt()
         except RetryableError:
-            if self.retry.max_attempts <= 1:
-                return self._failed(result)
+            if attempts <= 1:
+                return exhausted()
         except FatalJudgeError as exc:
             result.failure_reason = f"fatal: {exc}"
-            return result
+            return "failed"
+        except _JudgeDown:
+            return "unreachable"
         else:
             result.status, result.answer, result.verdict = "ok", answer, verdict
-            return result
+            return "ok"
         await asyncio.sleep(self._first_backoff())
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.retry.max_attempts - 1),
+            stop=stop_after_attempt(attempts - 1),
             # Exponential backoff with up to one initial interval of jitter, so retries
             # from many chains do not hit a recovering server in lockstep; this loop's
             # first wait follows the second attempt, so it starts at twice the initial.
@@ -276,12 +326,14 @@ class Judge(ABC):
         try:
             answer, verdict = await retrying(one_attempt)
         except RetryError:
-            return self._failed(result)
+            return exhausted()
         except FatalJudgeError as exc:
             result.failure_reason = f"fatal: {exc}"
-            return result
+            return "failed"
+        except _JudgeDown:
+            return "unreachable"
         result.status, result.answer, result.verdict = "ok", answer, verdict
-        return result
+        return "ok"
 
     def _first_backoff(self) -> float:
         """The wait before the first retry: the policy's initial interval plus its jitter."""

@@ -26,4 +26,5 @@ def build_judge(settings: Settings) -> Judge:
         response_format=settings.judge_response_format,
         extra_body=settings.judge_extra_body,
         retry=retry,
+        outage_deadline_s=settings.judge_outage_deadline_s,
     )

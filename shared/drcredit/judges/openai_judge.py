@@ -46,10 +46,12 @@ class OpenAIJudge(Judge):
         response_format: ResponseFormat = "auto",
         extra_body: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        outage_deadline_s: float = 600.0,
     ):
-        super().__init__(model, retry)
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
-        self.url = base.rstrip("/") + "/chat/completions"
+        self.base_url = base.rstrip("/")
+        super().__init__(model, retry, outage_deadline_s)
+        self.url = self.base_url + "/chat/completions"
         self._url = yarl.URL(self.url)  # parsed once, not per request
         key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self._headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
@@ -62,6 +64,10 @@ class OpenAIJudge(Judge):
         #: made them): the worker's engine loop, or a short-lived loop of a sync call.
         self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         self._lock = threading.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        return self.base_url
 
     def _session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
