@@ -38,6 +38,10 @@ GROUP_LATENCY = Histogram(
 GROUPS_BY_STATUS = Gauge("drcredit_groups", "Groups in the database by status", ["status"])
 QUEUE_DEPTH = Gauge("drcredit_queue_depth", "Messages waiting in each broker queue", ["queue"])
 TASKS = Counter("drcredit_tasks_total", "Celery tasks by queue and outcome", ["queue", "outcome"])
+JUDGE_OUTAGES = Counter(
+    "drcredit_judge_outages_total", "Times a judge endpoint became unreachable (its breaker opened)", ["endpoint"]
+)
+JUDGE_UP = Gauge("drcredit_judge_up", "1 while the judge endpoint is reachable from this process, else 0", ["endpoint"])
 SWEEPS = Counter("drcredit_sweep_redispatched_total", "Work units re-dispatched by the sweeper")
 
 

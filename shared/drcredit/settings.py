@@ -47,8 +47,9 @@ class Settings(BaseSettings):
     #: units themselves are coroutines and hold no thread while the judge works).
     database_threads: int = Field(6, ge=1, le=64)
     broker_url: str | None = None
-    #: Apply migrations at start-up; unset means only for the embedded SQLite database
-    #: (deployments run ``drcredit db upgrade`` once, from a migration job).
+    #: Bring the schema to head at start-up (one process at a time on Postgres). False:
+    #: never (a migration job runs ``drcredit db upgrade``); a schema behind the release
+    #: then makes the API answer 503 and a worker exit, both saying so.
     auto_migrate: bool | None = None
     #: A delivered but unacknowledged message (its worker died) is delivered again after this.
     broker_visibility_timeout_s: float = Field(600.0, gt=0)

@@ -161,9 +161,11 @@ def test_timeout_is_retried() -> None:
 def test_a_judge_that_never_answers_is_unavailable_not_a_failed_judgment(reply: Reply) -> None:
     """Timeouts, 5xx and 429 outlasting the retries open the breaker: the judgment waits,
     probing once at a time, and past the deadline raises instead of scoring a failure."""
-    with judge_for(lambda c: reply, timeout=0.3, attempts=2, outage_deadline_s=2.0) as (judge, server):
-        with pytest.raises(JudgeUnavailable) as raised:
-            judge.judge_visit(visit_request())
+    with (
+        judge_for(lambda c: reply, timeout=0.3, attempts=2, outage_deadline_s=2.0) as (judge, server),
+        pytest.raises(JudgeUnavailable) as raised,
+    ):
+        judge.judge_visit(visit_request())
     assert judge.breaker.state().up is False and judge.breaker.state().outages == 1
     assert raised.value.endpoint == server.url and "outage deadline" in str(raised.value)
     # Two attempts, then single probes at growing intervals (0.5 s, 1 s, ...), no storm.

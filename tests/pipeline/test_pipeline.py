@@ -257,7 +257,10 @@ def _finished(rt: Runtime, group_id: str, timeout: float = 30) -> dict[str, Any]
         with rt.db.session() as s:
             row = documents.find_group(s, "t", group_id, full=True)
             if row.status == "done":
-                return {"advantages": documents.advantages_document(s, row), "credits": documents.credits_document(s, row)}
+                return {
+                    "advantages": documents.advantages_document(s, row),
+                    "credits": documents.credits_document(s, row),
+                }
         assert time.monotonic() < deadline, "group did not finish"
         time.sleep(0.05)
 

@@ -110,17 +110,19 @@ def group_advantages(group: GroupContent, credits: Sequence[RolloutCredits], par
     out = []
     for rollout, rc, a_o in zip(group.rollouts, ordered, outcome, strict=True):
         normalized: list[float | None] = []
-        for t in rc.turns:
-            c = counted(t)
-            normalized.append(standardize(c, mu_rg, sigma_rg) if c is not None else (None if t.credit is None else 0.0))
+        for tc in rc.turns:
+            c = counted(tc)
+            normalized.append(
+                standardize(c, mu_rg, sigma_rg) if c is not None else (None if tc.credit is None else 0.0)
+            )
         discounted: list[float | None] = [None] * len(rc.turns)
         following = 0.0
-        for t in reversed(range(len(rc.turns))):
-            value = normalized[t]
+        for k in reversed(range(len(rc.turns))):
+            value = normalized[k]
             if value is None:
                 continue
             following = value + params.discount * following
-            discounted[t] = following
+            discounted[k] = following
         turns = []
         for tc, a_rg, d in zip(rc.turns, normalized, discounted, strict=True):
             if d is None:

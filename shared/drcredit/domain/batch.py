@@ -9,7 +9,7 @@ from drcredit.domain.group import GroupId, GroupIn
 
 
 class BatchIn(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     batch_id: GroupId | None = None
     groups: list[GroupIn] = Field(min_length=1, max_length=10_000)

@@ -35,9 +35,10 @@ _GROUP_ID_RE = re.compile(GROUP_ID_PATTERN)
 
 
 class _Model(BaseModel):
-    # Trainers attach their own bookkeeping fields to turns and rollouts; they are
-    # ignored rather than rejected. Parameters, where a typo changes results, forbid them.
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # Unknown fields are rejected, naming their path: a misspelled ``outcome_reward`` or
+    # ``pages`` silently ignored would change the scores. ``metadata`` is the one free
+    # place for a trainer's own bookkeeping.
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Rubric(_Model):

@@ -165,5 +165,5 @@ class CircuitBreaker:
         for listener in self._listeners:
             try:
                 listener(state)
-            except Exception:  # noqa: BLE001 - a listener's failure must not fail a judgment
+            except Exception:
                 log.warning("a judge state listener failed", exc_info=True)

@@ -17,7 +17,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -56,14 +55,17 @@ from drcredit.domain.verdicts import (
     VisitVerdict,
 )
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
+from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.scoring.content import Dumped, canonical_hash, group_hash, outlined_rollouts, params_of, parse_rubrics
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots, Recent
 from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.scoring.events import GroupEvents, announce_final
+from drcredit.scoring.leases import LeaseKeeper
+from drcredit.scoring.outages import JudgeOutages
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
-from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
+from drcredit.storage.bulk import JudgmentRow, copy_rows, store_judgments
 from drcredit.storage.database import Database, is_lock_conflict
 from drcredit.storage.histories import support_histories
 
@@ -173,9 +175,6 @@ class Pipeline:
         self._content_loads: dict[tuple[int, str], asyncio.Future[GroupContent]] = {}
         #: Rollouts with no waiting snippet call left (units never return to waiting).
         self._no_waiting: set[tuple[int, str]] = set()
-        #: When this process last set each of its leases to expire lease_s from then
-        #: (monotonic seconds): a lease is renewed only once a quarter of it has passed.
-        self._lease_set_at: dict[int, float] = {}
         self._plans: Recent[tuple[int, str], RolloutPlan] = Recent()
         #: Question and positive rubrics per group, for snippet calls (which carry their
         #: results and need nothing else of the group). Filled by claims.
@@ -188,6 +187,9 @@ class Pipeline:
         self.events = GroupEvents()
         self.engine = Engine(judge_concurrency, db_threads)
         self.engine.on_close(judge.aclose)
+        self.outages = JudgeOutages(db, judge.breaker, self.engine.db)
+        self.leases = LeaseKeeper(db, lease_s, self.engine.db)
+        self.engine.on_close(self.leases.stop)
         self._writer: BatchWriter[_Write, StoreOutcome] = BatchWriter(
             self.engine, self._write_batch, linger_s=write_linger_s
         )
@@ -690,6 +692,7 @@ class Pipeline:
         the others have finished.
         """
         owner = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
+        self.leases.ensure_heartbeat()
         claims = await self.engine.db(_retry_lock_conflicts, self._claim_units, refs, owner)
         outcomes = await asyncio.gather(
             *(self._arun_claimed(ref, claims[ref.unit_id], owner) for ref in refs), return_exceptions=True
@@ -705,6 +708,12 @@ class Pipeline:
             return claimed
         structlog.contextvars.bind_contextvars(group_pk=ref.group_pk, unit_id=ref.unit_id, unit_kind=ref.kind)
         try:
+            return await self._arun_leased(ref, claimed, owner)
+        finally:
+            self.leases.dropped(ref.unit_id)
+
+    async def _arun_leased(self, ref: UnitRef, claimed: Claimed, owner: str) -> UnitOutcome:
+        try:
             if ref.kind == "visit_chain":
                 metrics.CHAINS_IN_FLIGHT.inc()
                 try:
@@ -716,6 +725,11 @@ class Pipeline:
         except _Stopping:
             await self.engine.db(self._release, ref.unit_id, owner)
             outcome = "stopped"
+        except JudgeUnavailable as exc:
+            # Past the outage deadline: the group fails with the reason, whatever the
+            # failure policy (SPEC section 8: an outage is never scored).
+            await self.engine.db(self.fail_group, ref.group_pk, str(exc))
+            outcome = "noop"
         except Exception as exc:
             metrics.UNITS.labels(ref.kind, "error").inc()
             log.exception("unit %s %s of group %s failed", ref.kind, ref.unit_id, ref.group_pk)
@@ -774,9 +788,7 @@ class Pipeline:
                 taken.append(unit)
             if not taken:
                 return out
-            claimed_at = time.monotonic()
-            for u in taken:
-                self._lease_set_at[u.id] = claimed_at
+            self.leases.taken([u.id for u in taken], owner)
             repo.start_units(s, [u.id for u in taken], owner, stamp + timedelta(seconds=self.lease_s), stamp)
             repo.start_groups(s, {u.group_pk for u in taken if groups[u.group_pk][0] == "queued"}, stamp)
             # Fresh units (no earlier delivery) have nothing stored to read.
@@ -938,7 +950,7 @@ class Pipeline:
             else:
                 await slots.acquire(remaining)
                 try:
-                    result = await self._call_judge(call)
+                    result = await self._call_judge(group_pk, call)
                     previous: StoreOutcome = "stored"
                     if pending is not None:
                         previous, pending = await pending, None
@@ -999,7 +1011,7 @@ class Pipeline:
                 if key is not None:
                     result, stored = await self._judge_once(group_pk, key, "snippet", call, store)
                 else:
-                    result = await self._call_judge(call)
+                    result = await self._call_judge(group_pk, call)
                     stored = await store(result, False)
             if result.status == "failed" and fails_group:
                 await self.engine.db(
@@ -1028,13 +1040,15 @@ class Pipeline:
 
     # ------------------------------------------------------------------ judging
 
-    async def _call_judge(self, call: Callable[[], Awaitable[JudgeResult[R]]]) -> JudgeResult[R]:
-        """One judgment (with its retries); the caller holds a judge slot.
+    async def _call_judge(self, group_pk: int, call: Callable[[], Awaitable[JudgeResult[R]]]) -> JudgeResult[R]:
+        """One judgment (with its retries, and its waits for an unreachable judge); the
+        caller holds a judge slot.
 
         A slot covers the call *and* the store of its answer, so the judge answers a
         process could lose when it dies are at most its judge concurrency.
         """
-        result = await call()
+        with self.outages.judging(group_pk):
+            result = await call()
         _observe(result)
         return result
 
@@ -1071,7 +1085,7 @@ class Pipeline:
                 if hit is not None:
                     future.set_result(hit)
                     return hit, await store(hit, True)
-            result = await self._call_judge(call)
+            result = await self._call_judge(group_pk, call)
             stored = await store(result, False)
             future.set_result(result)
             return result, stored
@@ -1235,7 +1249,7 @@ class Pipeline:
             if judged:
                 stored = store_judgments(s, [w.judgment for _, w in judged])  # type: ignore[misc]
                 leases = [w.lease for n, (_, w) in enumerate(judged) if n in stored and w.lease is not None]
-                kept = self._keep_leases(s, leases)
+                kept = self.leases.keep(s, leases)
                 for n, (i, w) in enumerate(judged):
                     if n not in stored:
                         outcomes[i] = "duplicate"
@@ -1261,28 +1275,6 @@ class Pipeline:
         for group_pk in flipped:
             self.dispatcher.dispatch_aggregation(group_pk)
         return outcomes
-
-    def _keep_leases(self, s: Session, leases: Sequence[tuple[int, str]]) -> set[int]:
-        """The leases still held; those a quarter through their time are renewed too.
-
-        Renewing after every judgment rewrote a unit's row per judgment, the second
-        largest share of the database's work per call. Checking is a read.
-        """
-        started = time.monotonic()
-        due: list[tuple[int, str]] = []
-        not_due: list[tuple[int, str]] = []
-        for lease in leases:
-            late = started - self._lease_set_at.get(lease[0], 0.0) > self.lease_s / 4
-            (due if late else not_due).append(lease)
-        kept = held_leases(s, not_due)
-        if due:
-            renewed = renew_leases(s, due, now() + timedelta(seconds=self.lease_s))
-            if len(self._lease_set_at) > 100_000:
-                self._lease_set_at.clear()
-            for unit_id in renewed:
-                self._lease_set_at[unit_id] = started
-            kept |= renewed
-        return kept
 
     # ------------------------------------------------------------------ snippets waiting on visits
 

@@ -11,7 +11,7 @@ from drcredit.scoring.dispatch import Dispatcher, InProcessDispatcher
 from drcredit.scoring.pipeline import Pipeline
 from drcredit.settings import Settings
 from drcredit.storage.database import Database
-from drcredit.storage.migrate import upgrade
+from drcredit.storage.migrate import schema_problem, upgrade
 
 log = logging.getLogger("drcredit.runtime")
 
@@ -23,19 +23,22 @@ class Runtime:
     judge: Judge
     dispatcher: Dispatcher
     pipeline: Pipeline
+    #: Set when the schema is behind this release and migrating at start-up is off: the
+    #: API answers 503 with it, a worker exits with it.
+    schema_problem: str | None = None
 
     @classmethod
     def build(cls, settings: Settings, *, dispatcher: Dispatcher | None = None, judge: Judge | None = None) -> Runtime:
         url = settings.resolved_database_url
-        migrate = settings.auto_migrate if settings.auto_migrate is not None else url.startswith("sqlite")
-        if migrate:
-            upgrade(url)
+        if settings.auto_migrate is not False:
+            upgrade(url)  # serialized across processes on Postgres
         # Units run as coroutines; only the engine's database threads (and the API's
         # request threads) hold connections, for short transactions, never across a
         # judge call.
         db_threads = settings.database_threads
         pool = max(2, min(db_threads + 4, settings.database_pool_size))
         db = Database(url, pool)
+        problem = None if settings.auto_migrate is not False else schema_problem(db.engine)
         judge = judge or build_judge(settings)
         if dispatcher is None:
             if settings.distributed:
@@ -59,10 +62,10 @@ class Runtime:
             # Every group finishes in this process: its long-polls hear of it directly.
             pipeline.events.local = True
             dispatcher.bind(pipeline.submit_units, pipeline.submit_aggregation)
-            resumed = pipeline.resume()
+            resumed = pipeline.resume() if problem is None else 0
             if resumed:
                 log.info("resumed %d unfinished work units", resumed)
-        return cls(settings, db, judge, dispatcher, pipeline)
+        return cls(settings, db, judge, dispatcher, pipeline, problem)
 
     def close(self) -> None:
         self.pipeline.stop()
