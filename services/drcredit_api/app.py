@@ -7,13 +7,16 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 import drcredit
 from drcredit.scoring.events import NotificationListener
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
+from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import router
-from drcredit_api.errors import BodyLimit, install_handlers
+from drcredit_api.errors import install_handlers
+from drcredit_api.middleware import AccessLog, Authenticate, BodyLimit
 
 log = logging.getLogger("drcredit.api")
 
@@ -64,10 +67,16 @@ def create_app(
                 listener.stop()
             runtime.close()
 
-    app = FastAPI(title="DrCredit", version=drcredit.__version__, description=DESCRIPTION, lifespan=lifespan)
+    # FastAPIOffline serves the /docs and /redoc assets from the installed package: the
+    # documentation works without internet access.
+    app = FastAPIOffline(title="DrCredit", version=drcredit.__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.tenant_keys = settings.tenant_keys()
     app.state.broker_probe = broker_probe
     install_handlers(app)
     app.include_router(router)
+    # Added last runs first: the access log wraps authentication, which runs before the
+    # body limit reads anything.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(Authenticate, keys=app.state.tenant_keys, open_tenant=OPEN_TENANT)
+    app.add_middleware(AccessLog)
     return app

@@ -16,7 +16,8 @@ from drcredit import metrics
 from drcredit.domain.batch import BatchIn
 from drcredit.domain.group import GroupIn, Rollout
 from drcredit.scoring import documents
-from drcredit.scoring.errors import NotFound, NotReady
+from drcredit.scoring.errors import NotFound, NotReady, Unavailable
+from drcredit.scoring.outages import endpoint_states
 from drcredit.scoring.replay import replay
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
@@ -39,7 +40,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def runtime_of(request: Request) -> Runtime:
-    return request.app.state.runtime  # type: ignore[no-any-return]
+    runtime: Runtime = request.app.state.runtime
+    if runtime.schema_problem:
+        raise Unavailable(runtime.schema_problem, retry_after_s=30)
+    return runtime
 
 
 RuntimeDep = Annotated[Runtime, Depends(runtime_of)]
@@ -273,15 +277,27 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["operations"], responses={503: {"description": "Database or broker unreachable"}})
-async def readyz(request: Request, rt: RuntimeDep) -> Response:
-    """Database and broker reachable."""
-    checks: dict[str, str] = {}
+@router.get(
+    "/readyz",
+    tags=["operations"],
+    responses={503: {"description": "Database or broker unreachable, or the schema behind this release"}},
+)
+async def readyz(request: Request) -> Response:
+    """Ready to ingest: database reachable with its schema at head, broker reachable.
+
+    The judge is reported as a component (``judge``: each endpoint's last known state,
+    from the processes that call it) without making the API unready: groups posted
+    while the judge is down wait for it.
+    """
+    rt: Runtime = request.app.state.runtime
+    checks: dict[str, Any] = {}
     try:
         await run_in_threadpool(rt.db.ping)
         checks["database"] = "ok"
     except Exception as exc:  # noqa: BLE001 - any failure means not ready
         checks["database"] = f"unreachable: {type(exc).__name__}"
+    if rt.schema_problem:
+        checks["schema"] = rt.schema_problem
     probe = getattr(request.app.state, "broker_probe", None)
     if probe is None:
         checks["broker"] = "in-process"
@@ -291,7 +307,15 @@ async def readyz(request: Request, rt: RuntimeDep) -> Response:
             checks["broker"] = "ok"
         except Exception as exc:  # noqa: BLE001
             checks["broker"] = f"unreachable: {type(exc).__name__}"
-    ready = all(v in ("ok", "in-process") for v in checks.values())
+    ready = all(checks.get(k) in ("ok", "in-process") for k in ("database", "broker")) and not rt.schema_problem
+    judges: list[dict[str, Any]] = []
+    if checks["database"] == "ok" and not rt.schema_problem:
+        try:
+            judges = await _read(rt, endpoint_states)
+        except Exception:  # noqa: BLE001 - the judge's state is informative only
+            judges = []
+    down = [j for j in judges if j["state"] == "down"]
+    checks["judge"] = {"state": "down" if down else "up", "endpoints": judges}
     return JSONResponse(
         status_code=200 if ready else 503, content={"status": "ready" if ready else "not ready", **checks}
     )

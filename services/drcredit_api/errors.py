@@ -1,40 +1,87 @@
-"""Error answers: 422 naming fields, 404/409 from the pipeline, 413 for large bodies."""
+"""Error answers, all of one shape: ``{"message": ..., "detail": [{"field", "message"}, ...]}``.
+
+422 names each offending field; 404 names the id; 409 says what differs or the group's
+status; 413 and 415 say what the body must be; 503 (with ``Retry-After``) says what is
+away. Nothing the platform receives should answer a bare 500: an unexpected error still
+answers in this shape, and is logged with its traceback.
+"""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from drcredit.domain.errors import FieldError, InvalidInput, errors_from_pydantic
-from drcredit.scoring.errors import Conflict, NotFound, NotReady
+from drcredit.scoring.errors import Conflict, NotFound, NotReady, Unavailable
+
+log = logging.getLogger("drcredit.api")
+
+
+def error_response(
+    code: int,
+    message: str,
+    detail: list[tuple[str, str]] | list[FieldError],
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    items = [
+        {"field": d.field, "message": d.message} if isinstance(d, FieldError) else {"field": d[0], "message": d[1]}
+        for d in detail
+    ]
+    return JSONResponse({"message": message, "detail": items, **extra}, code, headers=headers)
 
 
 def validation_response(errors: list[FieldError]) -> JSONResponse:
-    return JSONResponse(
-        status_code=422,
-        content={
-            "message": "; ".join(str(e) for e in errors),
-            "detail": [{"field": e.field, "message": e.message} for e in errors],
-        },
+    return error_response(422, "; ".join(str(e) for e in errors), errors)
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _line_and_column(document: Any, position: Any) -> str:
+    if not isinstance(document, str) or not isinstance(position, int):
+        return ""
+    line = document.count("\n", 0, position) + 1
+    column = position - (document.rfind("\n", 0, position) + 1) + 1
+    return f" at line {line}, column {column}"
+
+
+def unavailable_response(message: str, retry_after_s: int = 5) -> JSONResponse:
+    return error_response(
+        503, message, [("service", message)], headers={"Retry-After": str(retry_after_s)}, retry_after_s=retry_after_s
     )
 
 
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _request_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        content_type = request.headers.get("content-type")
+        if request.method in ("POST", "PUT", "PATCH") and content_type and not _is_json(content_type):
+            message = f"the body must be JSON sent with Content-Type: application/json (got {content_type})"
+            return error_response(415, message, [("content-type", message)])
         errors: list[FieldError] = []
         for err in exc.errors():
             loc = tuple(err.get("loc", ()))
             if err.get("type") == "json_invalid":
-                errors.append(FieldError("body", f"invalid JSON: {err.get('ctx', {}).get('error', err.get('msg'))}"))
+                where = _line_and_column(getattr(exc, "body", None), loc[1] if len(loc) > 1 else None)
+                reason = err.get("ctx", {}).get("error", err.get("msg"))
+                errors.append(FieldError("body", f"invalid JSON{where}: {reason}"))
                 continue
             strip = 1 if loc and loc[0] in ("body", "query", "path") else 0
             converted = errors_from_pydantic([err], strip=strip)
-            if loc and loc[0] == "query":
-                converted = [FieldError(f"query.{e.field}", e.message) for e in converted]
+            if loc and loc[0] in ("query", "path"):
+                converted = [FieldError(f"{loc[0]}.{e.field}", e.message) for e in converted]
             errors.extend(converted)
         return validation_response(errors)
 
@@ -48,61 +95,39 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": str(exc)})
+        return error_response(404, str(exc), [(exc.field, str(exc))])
 
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
-        return JSONResponse(status_code=409, content={"detail": str(exc)})
+        return error_response(409, str(exc), exc.differences or [("", str(exc))])
 
     @app.exception_handler(NotReady)
     async def _not_ready(_: Request, exc: NotReady) -> JSONResponse:
-        return JSONResponse(status_code=409, content={"detail": str(exc), "status": exc.status})
+        return error_response(409, str(exc), [("status", exc.status)], status=exc.status)
 
+    @app.exception_handler(Unavailable)
+    async def _unavailable(_: Request, exc: Unavailable) -> JSONResponse:
+        return unavailable_response(str(exc), exc.retry_after_s)
 
-class BodyLimit:
-    """Answer 413 when a request body exceeds ``limit`` bytes, before it is parsed."""
+    @app.exception_handler(OperationalError)
+    async def _database_away(_: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("database unavailable: %s", exc.orig)
+        return unavailable_response("the database is unavailable; try again shortly")
 
-    def __init__(self, app: ASGIApp, limit: int):
-        self.app = app
-        self.limit = limit
+    @app.exception_handler(DBAPIError)
+    async def _database_error(_: Request, exc: DBAPIError) -> JSONResponse:
+        if exc.connection_invalidated:
+            return unavailable_response("the database connection was lost; try again shortly")
+        log.error("database error", exc_info=exc)
+        return error_response(500, "internal error (logged)", [("", "internal error")])
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._reject(send)
-                return
-        received = 0
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        field = {401: "authorization", 404: "path", 405: "method"}.get(exc.status_code, "")
+        return error_response(exc.status_code, message, [(field, message)], headers=exc.headers)
 
-        async def limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise _TooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._reject(send)
-
-    async def _reject(self, send: Send) -> None:
-        body = (
-            f'{{"detail": "request body exceeds the limit of {self.limit} bytes (DRCREDIT_MAX_BODY_BYTES)"}}'.encode()
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected error", exc_info=exc)
+        return error_response(500, "internal error (logged)", [("", "internal error")])

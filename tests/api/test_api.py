@@ -90,7 +90,14 @@ def test_idempotent_repost_and_conflict(client: TestClient, marker_judge: JudgeS
     assert marker_judge.count() == calls
     changed = small_group(params={"cap": 0.5})
     r = client.post("/v1/groups", json=changed)
-    assert r.status_code == 409 and "different content" in r.json()["detail"]
+    assert r.status_code == 409 and "different content" in r.json()["message"]
+    assert r.json()["detail"] == [{"field": "params", "message": "differ in cap"}]
+    other = small_group()
+    other["rollouts"][1]["turns"][0]["reasoning"] = "changed"
+    other["question"] = "another question"
+    r = client.post("/v1/groups", json=other)
+    assert r.status_code == 409
+    assert [d["field"] for d in r.json()["detail"]] == ["question", "rollouts[1]"]
 
 
 def test_group_id_is_generated_when_absent(client: TestClient) -> None:
@@ -131,7 +138,8 @@ def test_validation_errors_name_the_field(client: TestClient) -> None:
 def test_oversized_body_is_413(database_url: str, marker_judge: JudgeServer) -> None:
     with api_client(database_url, marker_judge.url, max_body_bytes=2048) as c:
         r = c.post("/v1/groups", json=small_group(question="x" * 5000))
-        assert r.status_code == 413 and "2048" in r.json()["detail"]
+        assert r.status_code == 413 and "2048" in r.json()["message"]
+        assert r.json()["detail"][0]["field"] == "body"
         assert c.post("/v1/groups", json=small_group()).status_code == 202
 
 
@@ -145,7 +153,8 @@ def test_tenant_isolation(database_url: str, marker_judge: JudgeServer) -> None:
         assert c.get("/v1/groups/g1/advantages", params={"wait": 30}, headers=a).status_code == 200
         for path in ("/v1/groups/g1", "/v1/groups/g1/advantages", "/v1/groups/g1/credits"):
             r = c.get(path, headers=g)
-            assert r.status_code == 404 and r.json()["detail"] == "group 'g1' not found"
+            assert r.status_code == 404 and r.json()["message"] == "group 'g1' not found"
+            assert r.json()["detail"] == [{"field": "group_id", "message": "group 'g1' not found"}]
         assert c.post("/v1/groups/g1/replay", json={"params": {}}, headers=g).status_code == 404
         # The same group id is free for another tenant.
         assert c.post("/v1/groups", json=small_group(params={"cap": 0.5}), headers=g).json()["created"] is True
@@ -347,6 +356,7 @@ def test_a_batch_with_a_conflicting_group_stores_none_of_its_groups(
     assert client.post("/v1/groups", json=small_group("taken")).status_code == 202
     changed = small_group("taken", params={"cap": 0.5})
     r = client.post("/v1/batches", json={"batch_id": "late-conflict", "groups": [small_group("fresh"), changed]})
-    assert r.status_code == 409 and "taken" in r.json()["detail"]
+    assert r.status_code == 409 and "taken" in r.json()["message"]
+    assert r.json()["detail"] == [{"field": "groups[1].params", "message": "differ in cap"}]
     assert client.get("/v1/groups/fresh").status_code == 404
     assert client.get("/v1/batches/late-conflict").status_code == 404

@@ -307,7 +307,10 @@ def test_not_found(service: str, connect: Connect) -> None:
     with pytest.raises(NotFound) as err:
         client.group_status("nope")
     assert err.value.status_code == 404 and err.value.message == "group 'nope' not found"
-    assert err.value.body == {"detail": "group 'nope' not found"}
+    assert err.value.body == {
+        "message": "group 'nope' not found",
+        "detail": [{"field": "group_id", "message": "group 'nope' not found"}],
+    }
     calls: list[Callable[[], Any]] = [
         lambda: client.advantages("nope", wait=0),
         lambda: client.credits("nope"),
@@ -357,7 +360,8 @@ def test_api_keys(tmp_path: Path, marker_judge: JudgeServer, connect: Connect, m
             assert wrong.healthz() == {"status": "ok"}
             with pytest.raises(AuthError) as err:
                 wrong.submit_group(small_group(), group_id="g1")
-            assert err.value.status_code == 401 and err.value.message == "missing or invalid API key"
+            assert err.value.status_code == 401
+            assert err.value.message == "missing or invalid API key: send Authorization: Bearer <key>"
         right = connect(url, api_key="k1")
         right.submit_group(small_group(), group_id="g1")
         assert right.wait_for_advantages("g1", timeout=30)["status"] == "done"

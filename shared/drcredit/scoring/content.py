@@ -100,3 +100,35 @@ def outlined_content(s: Session, group: models.Group) -> GroupContent:
 def parse_rubrics(stored: Any) -> list[Rubric]:
     """A group's rubrics from their stored JSON."""
     return _RUBRICS.validate_python(stored)
+
+
+def group_differences(s: Session, row: models.Group, group: GroupIn, dumped: Dumped) -> list[tuple[str, str]]:
+    """Where a re-post of ``row``'s group_id differs from what is stored, as (field, what)."""
+    out: list[tuple[str, str]] = []
+    if row.question != group.question:
+        out.append(("question", "differs from the stored question"))
+    if canonical_hash(row.rubrics) != canonical_hash([r.model_dump(mode="json") for r in group.rubrics]):
+        out.append(("rubrics", "differ from the stored rubrics"))
+    stored_params, posted_params = row.params, group.params.model_dump(mode="json")
+    changed = sorted(k for k in set(stored_params) | set(posted_params) if stored_params.get(k) != posted_params.get(k))
+    if changed:
+        out.append(("params", f"differ in {', '.join(changed)}"))
+    expected = group.expected_rollouts if group.expected_rollouts is not None else len(group.rollouts)
+    if row.expected_rollouts != expected:
+        out.append(("expected_rollouts", f"{expected} posted, {row.expected_rollouts} stored"))
+    stored: dict[str, str] = {
+        rollout_id: digest
+        for rollout_id, digest in s.execute(
+            select(models.Rollout.rollout_id, models.Rollout.content_hash).where(models.Rollout.group_pk == row.id)
+        )
+    }
+    for i, rollout in enumerate(group.rollouts):
+        if rollout.id not in stored:
+            out.append((f"rollouts[{i}].id", f"rollout {rollout.id!r} is not in the stored group"))
+        elif stored[rollout.id] != dumped.rollout_hash(rollout.id):
+            out.append((f"rollouts[{i}]", f"rollout {rollout.id!r} differs from the stored one"))
+    posted = {r.id for r in group.rollouts}
+    missing = [r for r in stored if r not in posted]
+    if missing and group.expected_rollouts is None:
+        out.append(("rollouts", f"stored rollouts missing from this post: {', '.join(sorted(missing))}"))
+    return out or [("group", "differs from the stored group")]

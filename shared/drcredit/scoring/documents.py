@@ -32,7 +32,7 @@ def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) ->
 def find_batch(s: Session, tenant: str, batch_id: str) -> m.Batch:
     row = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
     if row is None:
-        raise NotFound(f"batch {batch_id!r} not found")
+        raise NotFound(f"batch {batch_id!r} not found", "batch_id")
     return row
 
 

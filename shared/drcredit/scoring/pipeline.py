@@ -56,7 +56,15 @@ from drcredit.domain.verdicts import (
 )
 from drcredit.judges.base import Judge, JudgeResult, SnippetJudgeRequest, VisitJudgeRequest
 from drcredit.judges.breaker import JudgeUnavailable
-from drcredit.scoring.content import Dumped, canonical_hash, group_hash, outlined_rollouts, params_of, parse_rubrics
+from drcredit.scoring.content import (
+    Dumped,
+    canonical_hash,
+    group_differences,
+    group_hash,
+    outlined_rollouts,
+    params_of,
+    parse_rubrics,
+)
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots, Recent
 from drcredit.scoring.errors import Conflict, NotFound
@@ -305,8 +313,14 @@ class Pipeline:
                     m.Group.tenant == tenant, m.Group.group_id.in_(list(named))
                 )
             ):
-                if stored_hash != prepare(named[group_id])[1]:
-                    raise Conflict(f"group_id {group_id!r} already exists with different content")
+                i = named[group_id]
+                if stored_hash != prepare(i)[1]:
+                    taken = s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)).one()
+                    differences = group_differences(s, taken, groups[i], prepare(i)[0])
+                    raise Conflict(
+                        f"groups[{i}]: group_id {group_id!r} already exists with different content",
+                        [(f"groups[{i}].{field}", what) for field, what in differences],
+                    )
         # Groups with the longest visit chains are stored (and start judging) first: the
         # step ends when its longest chain does, so that chain should not wait for the
         # ingest of the others.
@@ -374,7 +388,10 @@ class Pipeline:
             existing = s.scalar(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group.group_id))
             if existing is not None:
                 if existing.content_hash != digest:
-                    raise Conflict(f"group_id {group.group_id!r} already exists with different content")
+                    raise Conflict(
+                        f"group_id {group.group_id!r} already exists with different content",
+                        group_differences(s, existing, group, dumped),
+                    )
                 return Submitted(existing.id, existing.group_id, existing.status, False)
         group_id = group.group_id or uuid.uuid4().hex
         row = m.Group(
