@@ -30,13 +30,28 @@ Wait = Annotated[float, Query(ge=0, description="Long-poll up to this many secon
 
 router = APIRouter()
 
-ERRORS: dict[int | str, dict[str, Any]] = {
+_ERRORS: dict[int, dict[str, Any]] = {
     401: {"model": schemas.ErrorBody, "description": "Missing or invalid API key"},
     404: {"model": schemas.ErrorBody, "description": "No such group or batch for this tenant"},
-    409: {"model": schemas.ErrorBody, "description": "Conflicting re-post, or not done yet (with its status)"},
+    409: {
+        "model": schemas.ErrorBody,
+        "description": "Conflicting re-post (what differs), or not done yet (its status)",
+    },
     413: {"model": schemas.ErrorBody, "description": "Body larger than DRCREDIT_MAX_BODY_BYTES"},
-    422: {"model": schemas.ValidationErrorBody, "description": "Invalid input; each error names its field"},
+    415: {"model": schemas.ErrorBody, "description": "The body is not sent as application/json"},
+    422: {"model": schemas.ErrorBody, "description": "Invalid input; each error names its field"},
+    503: {"model": schemas.ErrorBody, "description": "Database away or schema behind this release (see Retry-After)"},
 }
+
+
+def answers(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers an endpoint can give, for its OpenAPI description."""
+    return {code: _ERRORS[code] for code in (401, *codes, 503)}
+
+
+INGEST = answers(409, 413, 415, 422)
+READ = answers(404)
+RESULT = answers(404, 409, 422)
 
 
 def runtime_of(request: Request) -> Runtime:
@@ -95,7 +110,7 @@ async def _wait_until_final(rt: Runtime, statuses: Callable[[Any], dict[int, str
 # ---------------------------------------------------------------------------- ingest
 
 
-@router.post("/v1/groups", status_code=202, response_model=schemas.Accepted, responses=ERRORS, tags=["ingest"])
+@router.post("/v1/groups", status_code=202, response_model=schemas.Accepted, responses=INGEST, tags=["ingest"])
 async def post_group(group: GroupIn, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Submit one rollout group (or open a streaming group with ``expected_rollouts``)."""
     sub = await run_in_threadpool(rt.pipeline.submit_group, tenant, group)
@@ -106,7 +121,7 @@ async def post_group(group: GroupIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
     "/v1/groups/{group_id}/rollouts",
     status_code=202,
     response_model=schemas.RolloutAccepted,
-    responses=ERRORS,
+    responses=answers(404, 409, 413, 415, 422),
     tags=["ingest"],
 )
 async def post_rollout(group_id: str, rollout: Rollout, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
@@ -127,7 +142,7 @@ async def post_rollout(group_id: str, rollout: Rollout, tenant: Tenant, rt: Runt
     }
 
 
-@router.post("/v1/batches", status_code=202, response_model=schemas.BatchAccepted, responses=ERRORS, tags=["ingest"])
+@router.post("/v1/batches", status_code=202, response_model=schemas.BatchAccepted, responses=INGEST, tags=["ingest"])
 async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Submit a training step's groups in one call.
 
@@ -147,7 +162,7 @@ async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
 # ---------------------------------------------------------------------------- results
 
 
-@router.get("/v1/groups/{group_id}", response_model=schemas.GroupStatus, responses=ERRORS, tags=["results"])
+@router.get("/v1/groups/{group_id}", response_model=schemas.GroupStatus, responses=READ, tags=["results"])
 async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status and judging progress of a group."""
     return await _read(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
@@ -166,7 +181,7 @@ def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], dict[int, str
 
 
 @router.get(
-    "/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=ERRORS, tags=["results"]
+    "/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=RESULT, tags=["results"]
 )
 async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """Per-turn advantages once the group is done; ``409`` with its status before that."""
@@ -176,7 +191,7 @@ async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wa
     )
 
 
-@router.get("/v1/groups/{group_id}/credits", response_model=schemas.CreditsDocument, responses=ERRORS, tags=["results"])
+@router.get("/v1/groups/{group_id}/credits", response_model=schemas.CreditsDocument, responses=RESULT, tags=["results"])
 async def get_credits(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """The breakdown behind the advantages: credit parts, judgments, support histories."""
     await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
@@ -185,7 +200,12 @@ async def get_credits(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait 
     )
 
 
-@router.post("/v1/groups/{group_id}/replay", response_model=schemas.ReplayDocument, responses=ERRORS, tags=["results"])
+@router.post(
+    "/v1/groups/{group_id}/replay",
+    response_model=schemas.ReplayDocument,
+    responses=answers(404, 409, 413, 415, 422),
+    tags=["results"],
+)
 async def post_replay(group_id: str, body: schemas.ReplayRequest, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Advantages recomputed from stored judgments under other parameters (no judge call)."""
 
@@ -225,7 +245,7 @@ def _batch_status(groups: list[m.Group]) -> str:
     return "running" if statuses - {"queued"} else "queued"
 
 
-@router.get("/v1/batches/{batch_id}", response_model=schemas.BatchStatus, responses=ERRORS, tags=["results"])
+@router.get("/v1/batches/{batch_id}", response_model=schemas.BatchStatus, responses=READ, tags=["results"])
 async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status of every group of a batch."""
 
@@ -241,7 +261,7 @@ async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
 
 
 @router.get(
-    "/v1/batches/{batch_id}/advantages", response_model=schemas.BatchAdvantages, responses=ERRORS, tags=["results"]
+    "/v1/batches/{batch_id}/advantages", response_model=schemas.BatchAdvantages, responses=RESULT, tags=["results"]
 )
 async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """Advantages of every group of a batch; ``409`` until every group has finished.

@@ -149,17 +149,18 @@ class ReplayDocument(_Open):
 
 
 class ErrorField(_Open):
+    #: The offending field's path (``rollouts[2].turns[4].pages[1].id``), or what the
+    #: error is about (``group_id``, ``body``, ``authorization``, ``status``).
     field: str
     message: str
 
 
-class ValidationErrorBody(_Open):
+class ErrorBody(_Open):
+    """Every error answer: a message, and one item per field it names."""
+
     message: str
     detail: list[ErrorField]
-
-
-class ErrorBody(_Open):
-    detail: str
+    #: A 409 for a group not done yet: its status.
     status: str | None = None
 
 

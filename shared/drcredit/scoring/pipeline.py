@@ -315,7 +315,9 @@ class Pipeline:
             ):
                 i = named[group_id]
                 if stored_hash != prepare(i)[1]:
-                    taken = s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)).one()
+                    taken = s.scalars(
+                        select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
+                    ).one()
                     differences = group_differences(s, taken, groups[i], prepare(i)[0])
                     raise Conflict(
                         f"groups[{i}]: group_id {group_id!r} already exists with different content",
