@@ -34,10 +34,11 @@ def drcredit_command() -> list[str]:
     return [script] if script else [sys.executable, "-m", "drcredit_cli.main"]
 
 
-def cli_env(data_dir: Path) -> dict[str, str]:
+def cli_env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
     # A wide terminal so rich neither wraps table rows nor error messages.
     env.update(DRCREDIT_JUDGE="offline", DRCREDIT_DATA_DIR=str(data_dir), COLUMNS="200", NO_COLOR="1", TERM="dumb")
+    env.update(extra)
     return env
 
 
@@ -53,12 +54,12 @@ class Run:
         return doc
 
 
-def start(data_dir: Path, *args: str, cwd: Path = ROOT) -> subprocess.Popen[str]:
+def start(data_dir: Path, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     data_dir.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [*drcredit_command(), *args],
         cwd=cwd,
-        env=cli_env(data_dir),
+        env=cli_env(data_dir, **(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -75,8 +76,8 @@ def finish(process: subprocess.Popen[str]) -> Run:
     return Run(process.returncode, stdout, stderr)
 
 
-def run(tmp_path: Path, *args: str, cwd: Path = ROOT) -> Run:
-    return finish(start(tmp_path / "data", *args, cwd=cwd))
+def run(tmp_path: Path, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> Run:
+    return finish(start(tmp_path / "data", *args, cwd=cwd, env=env))
 
 
 @pytest.fixture(scope="module")

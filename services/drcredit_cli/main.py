@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
+import drcredit
 from drcredit.domain.errors import InvalidInput, errors_from_pydantic
 from drcredit.domain.group import GroupIn
+from drcredit.judges.breaker import BreakerState
 from drcredit.logs import configure_logging
 from drcredit.process import tune_gc
 from drcredit.scoring import documents
@@ -41,17 +46,67 @@ app.add_typer(db_app, name="db")
 
 err = Console(stderr=True)
 
+#: Exit codes of ``drcredit score`` (and the other commands' start-up checks).
+EXIT_INPUT = 2  # bad input or configuration: one line says what to fix
+EXIT_GROUP_FAILED = 3  # the group failed: the judge unreachable past the deadline, or policy fail
+EXIT_JUDGMENTS_FAILED = 4  # scored, but some judgments failed (without --allow-failures)
 
-def _fail(message: str) -> None:
+
+def _fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=2)
+    raise typer.Exit(code=code)
+
+
+def _settings(**overrides: Any) -> Settings:
+    """The environment's settings, or one line per mistake in it."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems = [f"DRCREDIT_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()]
+        _fail("invalid configuration: " + "; ".join(problems))
+    return settings.model_copy(update=overrides) if overrides else settings
+
+
+def _runtime(settings: Settings, *, check_only: bool = False) -> Runtime | None:
+    """Build the runtime (or only check what it needs), turning the usual start-up
+    mistakes into one line each."""
+    try:
+        if check_only:
+            Runtime.check(settings)
+            return None
+        return Runtime.build(settings)
+    except OperationalError as exc:
+        url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        _fail(f"cannot reach the database {url}: {reason} (check DRCREDIT_DATABASE_URL)")
+    except ValueError as exc:  # judge settings, API keys
+        _fail(str(exc))
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"drcredit {drcredit.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """DrCredit: rubric-grounded process credit for deep-research agents."""
 
 
 def _load_group(path: Path, params_json: str | None) -> GroupIn:
+    if path.is_dir():
+        _fail(f"{path}: is a directory; give a JSON file holding one rollout group")
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
         _fail(f"{path}: no such file")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"{path}: cannot read it: {exc}")
     except json.JSONDecodeError as exc:
         _fail(f"{path}: invalid JSON: {exc}")
     if not isinstance(raw, dict):
@@ -84,17 +139,33 @@ def score(
     store: Annotated[
         bool, typer.Option("--store", help="Keep the result in the configured database instead of a temporary one.")
     ] = False,
+    allow_failures: Annotated[
+        bool,
+        typer.Option(
+            "--allow-failures",
+            help="Exit 0 even when judgments failed (they are scored as the failure policy says and flagged).",
+        ),
+    ] = False,
 ) -> None:
-    """Score one group in this process (embedded database, no broker) and print its advantages."""
-    configure_logging(Settings(), quiet=True)
+    """Score one group in this process (embedded database, no broker) and print its advantages.
+
+    Exit codes: 0 scored; 2 bad input or configuration; 3 the group failed (the judge
+    unreachable past DRCREDIT_JUDGE_OUTAGE_DEADLINE_S, or a failed judgment under policy
+    fail); 4 scored but some judgments failed (0 with --allow-failures).
+    """
+    base = _settings()
+    configure_logging(base, quiet=True)
+    logging.getLogger("drcredit.outages").setLevel(logging.ERROR)  # said once, below
     group = _load_group(group_file, params)
     overrides: dict[str, Any] = {"broker_url": None}
     tmp = None
     if not store:
         tmp = tempfile.TemporaryDirectory(prefix="drcredit-score-")
         overrides.update(database_url=f"sqlite:///{Path(tmp.name) / 'score.sqlite3'}", auto_migrate=True)
-    settings = Settings().model_copy(update=overrides)
-    runtime = Runtime.build(settings)
+    settings = base.model_copy(update=overrides)
+    runtime = _runtime(settings)
+    assert runtime is not None
+    runtime.judge.breaker.add_listener(_say_judge_state)
     tune_gc(settings.gc_threshold)
     try:
         try:
@@ -107,7 +178,7 @@ def score(
         with runtime.db.session() as s:
             row = documents.find_group(s, "public", submitted.group_id, full=True)
             if row.status != "done":
-                _fail(f"group {row.group_id} {row.status}: {row.error}")
+                _fail(f"group {row.group_id} {row.status}: {row.error}", EXIT_GROUP_FAILED)
             document = documents.advantages_document(s, row)
             progress = documents.progress(s, row)
     finally:
@@ -118,6 +189,24 @@ def score(
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
         _print_table(document, progress)
+    failed = progress["judgments_failed"]
+    if failed and not allow_failures:
+        _fail(
+            f"{failed} judgment(s) failed; their turns are flagged unscorable and scored under policy "
+            f"{document['params']['on_judge_failure']} (see the credits breakdown); --allow-failures accepts them",
+            EXIT_JUDGMENTS_FAILED,
+        )
+
+
+def _say_judge_state(state: BreakerState) -> None:
+    if state.up:
+        err.print(f"judge {state.endpoint} is reachable again; judging resumes", highlight=False)
+    else:
+        err.print(
+            f"[yellow]judge {state.endpoint} unreachable ({state.reason}); waiting for it "
+            f"(DRCREDIT_JUDGE_OUTAGE_DEADLINE_S)[/]",
+            highlight=False,
+        )
 
 
 def _follow(runtime: Runtime, group_id: str) -> None:
@@ -154,7 +243,7 @@ def _print_table(document: dict[str, Any], progress: dict[str, int]) -> None:
     out = Console()
     stats = document["stats"]
     table = Table(title=f"Advantages of group {document['group_id']}", show_lines=False)
-    for column in ("rollout", "turn", "type", "credit", "process adv.", "advantage"):
+    for column in ("rollout", "turn", "type", "credit", "process adv.", "discounted", "advantage", ""):
         table.add_column(column, justify="right" if column not in ("rollout", "type") else "left")
     for rollout in document["rollouts"]:
         first = True
@@ -167,7 +256,9 @@ def _print_table(document: dict[str, Any], progress: dict[str, int]) -> None:
                 turn["type"],
                 credit,
                 _fmt(turn["process_advantage"]),
+                _fmt(turn["discounted_process_advantage"]),
                 _fmt(turn["advantage"]),
+                "unscorable" if turn["unscorable"] else "",
             )
             first = False
         table.add_section()
@@ -194,8 +285,10 @@ def serve(
 
     from drcredit_api.app import create_app
 
-    settings = Settings()
+    settings = _settings()
     configure_logging(settings)
+    # Fail here with one line, not in the server's start-up with a traceback.
+    _runtime(settings, check_only=True)
     api = create_app(settings)
     tune_gc(settings.gc_threshold)
     uvicorn.run(api, host=host, port=port, log_config=None, access_log=False)
@@ -218,7 +311,14 @@ def worker(
         ),
     ] = None,
     concurrency: Annotated[
-        int | None, typer.Option(min=1, help="Tasks run at once (threads); default: the services' own setting.")
+        int | None,
+        typer.Option(
+            min=1,
+            help=(
+                "Judge calls this worker keeps in flight (DRCREDIT_JUDGE_CONCURRENCY) and the Celery threads "
+                "that deliver its tasks; default: the largest setting of the chosen queues' services."
+            ),
+        ),
     ] = None,
 ) -> None:
     """Run a Celery worker for the named queues (needs DRCREDIT_BROKER_URL and a database)."""
@@ -227,7 +327,7 @@ def worker(
 
     from drcredit.broker import worker as worker_mod
 
-    settings = Settings()
+    settings = _settings()
     configure_logging(settings)
     if not settings.broker_url:
         _fail("DRCREDIT_BROKER_URL is not set; a worker needs a broker (redis://...)")
@@ -238,7 +338,15 @@ def worker(
         _fail(f"--queues: unknown queue(s) {', '.join(unknown)}; known: {', '.join(configs)}")
     chosen = [configs[q] for q in names]
     threads = concurrency or max(c.concurrency for c in chosen)
-    celery_app, _ = worker_mod.start(settings, threads)
+    try:
+        celery_app, runtime = worker_mod.start(settings, threads)
+    except OperationalError as exc:
+        url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+        _fail(f"cannot reach the database {url}: {str(exc.orig).strip().splitlines()[0] if exc.orig else exc}")
+    except ValueError as exc:
+        _fail(str(exc))
+    if runtime.schema_problem:
+        _fail(runtime.schema_problem)
     for config in chosen:
         importlib.import_module(config.tasks_module)
     tune_gc(settings.gc_threshold)
@@ -267,9 +375,12 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     """Apply migrations up to REVISION (default: the latest) on DRCREDIT_DATABASE_URL."""
     from drcredit.storage.migrate import upgrade
 
-    settings = Settings()
+    settings = _settings()
     configure_logging(settings)
-    upgrade(settings.resolved_database_url, revision)
+    try:
+        upgrade(settings.resolved_database_url, revision)
+    except OperationalError as exc:
+        _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0] if exc.orig else exc}")
     err.print(f"database at revision {revision}")
 
 

@@ -67,6 +67,23 @@ class Runtime:
                 log.info("resumed %d unfinished work units", resumed)
         return cls(settings, db, judge, dispatcher, pipeline, problem)
 
+    @staticmethod
+    def check(settings: Settings) -> None:
+        """What :meth:`build` would trip over, without starting anything: API keys, the
+        judge's settings, the database (reachable, and migrated unless that is off).
+        Raises ValueError or the database's OperationalError."""
+        settings.tenant_keys()
+        build_judge(settings).close()
+        url = settings.resolved_database_url
+        if settings.auto_migrate is not False:
+            upgrade(url)
+            return
+        db = Database(url, 1)
+        try:
+            db.ping()
+        finally:
+            db.dispose()
+
     def close(self) -> None:
         self.pipeline.stop()
         if isinstance(self.dispatcher, InProcessDispatcher):

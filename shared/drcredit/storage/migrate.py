@@ -14,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, pool
+from sqlalchemy import Engine, create_engine, make_url, pool
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 
@@ -33,6 +33,9 @@ def upgrade(url: str, revision: str = "head") -> None:
     """Migrate to ``revision``; on Postgres one process at a time."""
     config = alembic_config(url)
     if not url.startswith("postgresql"):
+        database = make_url(url).database
+        if url.startswith("sqlite") and database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)  # a fresh clone has no data directory
         command.upgrade(config, revision)
         return
     engine = create_engine(url, poolclass=pool.NullPool)
