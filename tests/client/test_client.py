@@ -96,6 +96,9 @@ class Flaky:
     failures: dict[tuple[str, str], int] = field(default_factory=dict)
     seen: Counter[tuple[str, str]] = field(default_factory=Counter)
     bodies: list[bytes] = field(default_factory=list)
+    #: Forward these requests, then answer 503 anyway: the server did the work, the client
+    #: never heard (a connection lost after the server stored the batch).
+    lose_answers: bool = False
 
     def app(self) -> Starlette:
         lock = threading.Lock()
@@ -107,21 +110,26 @@ class Flaky:
                 self.seen[key] += 1
                 n = self.seen[key]
                 self.bodies.append(body)
-            if n <= self.failures.get(key, 0):
+            failing = n <= self.failures.get(key, 0)
+            if failing and not self.lose_answers:
                 return JSONResponse({"detail": f"warming up ({n})"}, status_code=503, headers={"Retry-After": "0"})
             headers = {k: v for k, v in request.headers.items() if k in ("content-type", "authorization")}
             async with httpx.AsyncClient(base_url=self.upstream, timeout=60) as client:
                 answer = await client.request(
                     request.method, request.url.path, params=request.query_params, content=body, headers=headers
                 )
+            if failing:
+                return JSONResponse({"detail": "answer lost"}, status_code=503, headers={"Retry-After": "0"})
             return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
 
         return Starlette(routes=[Route("/{path:path}", handle, methods=["GET", "POST"])])
 
 
 @contextmanager
-def flaky_proxy(upstream: str, failures: dict[tuple[str, str], int]) -> Iterator[tuple[str, Flaky]]:
-    proxy = Flaky(upstream, failures)
+def flaky_proxy(
+    upstream: str, failures: dict[tuple[str, str], int], *, lose_answers: bool = False
+) -> Iterator[tuple[str, Flaky]]:
+    proxy = Flaky(upstream, failures, lose_answers=lose_answers)
     with serving(proxy.app(), lifespan="off") as url:
         yield url, proxy
 
@@ -508,3 +516,43 @@ def test_wait_arguments_are_checked(connect: Connect) -> None:
         client.wait_for_advantages("g", timeout=-1)
     with pytest.raises(ValueError):
         client.advantages("g", wait=math.nan)
+
+
+def test_a_retried_batch_of_groups_without_ids_is_judged_once(
+    service: str, connect: Connect, marker_judge: JudgeServer
+) -> None:
+    """The first POST is stored but its answer lost; the retry carries the same group ids
+    (given before the first attempt), so the service stores and judges each group once."""
+    groups = [small_group(), small_group(question="Another question?")]
+    with flaky_proxy(service, {("POST", "/v1/batches"): 1}, lose_answers=True) as (url, proxy):
+        client = connect(url, **FAST)
+        accepted = client.submit_batch(groups, batch_id="retried")
+        assert proxy.seen[("POST", "/v1/batches")] == 2
+        first, second = (json.loads(b) for b in proxy.bodies if b)
+        assert [g["group_id"] for g in first["groups"]] == [g["group_id"] for g in second["groups"]]
+        assert all(ID.match(g["group_id"]) for g in first["groups"])
+        assert accepted["created"] is False and accepted["group_ids"] == [g["group_id"] for g in first["groups"]]
+        doc = client.wait_for_batch("retried", timeout=60)
+    assert len(doc["groups"]) == 2
+    calls = marker_judge.count()
+    single = connect(service, **FAST)
+    single.submit_batch(groups, batch_id="once")
+    single.wait_for_batch("once", timeout=60)
+    assert marker_judge.count() - calls == calls  # the retried batch cost what one post costs
+
+
+def test_wait_warns_when_judgments_failed(tmp_path: Path, connect: Connect) -> None:
+    from drcredit.client import JudgmentsFailed, failed_judgments, unscorable_turns
+
+    with running_judge(lambda c: Reply(content="no json")) as bad, running_service(tmp_path, bad.url) as url:
+        client = connect(url)
+        client.submit_group(small_group(), group_id="f1")
+        with pytest.warns(JudgmentsFailed, match="judgment"):
+            doc = client.wait_for_advantages("f1", timeout=60)
+    assert failed_judgments(doc) == doc["progress"]["judgments_failed"] > 0
+    turns = unscorable_turns(doc)
+    assert turns and all(g == "f1" for g, _, _ in turns)
+    flagged = {(r, i) for _, r, i in turns}
+    for r in doc["rollouts"]:
+        for t in r["turns"]:
+            assert t["unscorable"] == ((r["id"], t["index"]) in flagged)

@@ -8,7 +8,14 @@
 
 Choose ids you can recompute from your run: re-posting an id with the same content is
 idempotent on the server (no new judge calls), so after a crash or a retried POST the
-trainer gets the stored group back. :func:`new_group_id` makes a fresh one when needed.
+trainer gets the stored group back. :func:`new_group_id` makes a fresh one when needed;
+``submit_batch`` gives a group without an id a fresh one before its first attempt, so
+the SDK's own retries never judge a batch twice (ids from your run also cover retries
+across processes).
+
+Failed judgments reach you in the documents: ``unscorable`` on each turn, the counts in
+``progress``; :func:`failed_judgments` and :func:`unscorable_turns` read them and the
+``wait_for_*`` calls warn with :class:`JudgmentsFailed`.
 """
 
 from drcredit.client._common import JSONDict, new_group_id
@@ -26,6 +33,7 @@ from drcredit.client.errors import (
     PayloadTooLarge,
     ServerError,
 )
+from drcredit.client.failures import JudgmentsFailed, failed_judgments, unscorable_turns
 from drcredit.client.sync import DrCreditClient
 
 __all__ = [
@@ -39,9 +47,12 @@ __all__ = [
     "GroupFailed",
     "InvalidRequest",
     "JSONDict",
+    "JudgmentsFailed",
     "NotFound",
     "NotReady",
     "PayloadTooLarge",
     "ServerError",
+    "failed_judgments",
     "new_group_id",
+    "unscorable_turns",
 ]

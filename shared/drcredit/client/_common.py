@@ -33,6 +33,7 @@ from drcredit.client.errors import (
     NotReady,
     error_for_response,
 )
+from drcredit.client.failures import warn_on_failures
 
 ENV_URL = "DRCREDIT_URL"
 ENV_API_KEY = "DRCREDIT_API_KEY"
@@ -315,8 +316,15 @@ def add_rollout(group_id: str, rollout: Document) -> Call:
 
 
 def submit_batch(groups: Iterable[Document], batch_id: str | None) -> Call:
-    doc = {"batch_id": _pick_id(None, batch_id, "batch_id"), "groups": [as_document(g, "group") for g in groups]}
-    return Call("POST", "/v1/batches", json=doc, retry=True)
+    """Every group gets an id before the first attempt: a retried POST is then the same
+    batch of the same groups, never a second copy judged again."""
+    documents = [as_document(g, "group") for g in groups]
+    for doc in documents:
+        if doc.get("group_id") is None:
+            doc["group_id"] = new_group_id()
+    return Call(
+        "POST", "/v1/batches", json={"batch_id": _pick_id(None, batch_id, "batch_id"), "groups": documents}, retry=True
+    )
 
 
 def group_status(group_id: str) -> Call:
@@ -448,7 +456,8 @@ class Waiter:
         return max(0.0, min(chunk, self.remaining()))
 
     def finished(self, document: JSONDict) -> JSONDict:
-        """The final document; raises :class:`GroupFailed` when a batch holds failed groups."""
+        """The final document; raises :class:`GroupFailed` when a batch holds failed groups,
+        and warns (:class:`~drcredit.client.failures.JudgmentsFailed`) when judgments failed."""
         if self.kind == "batch":
             groups = [g for g in document.get("groups", []) if isinstance(g, dict)]
             self.bar.show(len(groups), len(groups), str(document.get("status")))
@@ -461,6 +470,7 @@ class Waiter:
                     document=document,
                 )
         self.bar.complete()
+        warn_on_failures(document)
         return document
 
     def not_ready(self, exc: NotReady) -> None:
