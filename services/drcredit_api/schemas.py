@@ -46,6 +46,13 @@ class Progress(_Open):
     snippet_calls_skipped: int
 
 
+class JudgeWait(_Open):
+    #: When the judge became unreachable for this group's judgments.
+    since: str | None
+    #: The judge's last error (connection refused, timeout, 503, ...).
+    reason: str | None
+
+
 class GroupStatus(_Open):
     group_id: str
     status: str
@@ -55,6 +62,8 @@ class GroupStatus(_Open):
     rollouts_received: int
     progress: Progress
     judge: dict[str, str]
+    #: Set while the group's judgments wait for an unreachable judge.
+    waiting_for_judge: JudgeWait | None = None
     metadata: Any
     created_at: str | None
     started_at: str | None

@@ -27,7 +27,7 @@ from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage.migrate import upgrade
 from tests.support.api import api_client, settings_for
-from tests.support.infra import REDIS_URL, postgres_database
+from tests.support.infra import REDIS_URL
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
 from tests.support.live import free_port
 from tests.support.services import Workers, private_postgres, private_redis
@@ -129,13 +129,6 @@ def batch_advantages(client: TestClient, batch_id: str, timeout: float = 120) ->
     r = client.get(f"/v1/batches/{batch_id}/advantages", params={"wait": timeout})
     assert r.status_code == 200, r.text
     return {g["group_id"]: g for g in r.json()["groups"]}
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    with postgres_database("drcredit_dist") as url:
-        upgrade(url)
-        yield url
 
 
 def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, marker_judge: JudgeServer) -> None:

@@ -74,6 +74,10 @@ def status_document(s: Session, group: m.Group) -> dict[str, Any]:
         "rollouts_received": group.rollouts_received,
         "progress": progress(s, group),
         "judge": {"backend": group.judge_backend, "model": group.judge_model},
+        # Judgments of the group wait for a judge that cannot be reached (SPEC section 8).
+        "waiting_for_judge": {"since": _iso(group.judge_waiting_since), "reason": group.judge_waiting_reason}
+        if group.judge_waiting_since is not None and group.status in ("queued", "running")
+        else None,
         "metadata": group.metadata_,
         "created_at": _iso(group.created_at),
         "started_at": _iso(group.started_at),
