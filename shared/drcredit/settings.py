@@ -53,13 +53,16 @@ class Settings(BaseSettings):
     auto_migrate: bool | None = None
     #: A delivered but unacknowledged message (its worker died) is delivered again after this.
     broker_visibility_timeout_s: float = Field(600.0, gt=0)
-    #: A running unit's lease; renewed after every judgment, so it only expires when the
-    #: worker holding it stopped making progress.
-    lease_s: float = Field(300.0, gt=0)
+    #: A running unit's lease, renewed by its worker's heartbeat every quarter of it
+    #: (whatever the judge is doing), so it only expires when that worker is gone.
+    lease_s: float = Field(30.0, gt=0)
     #: How often each worker sweeps for work whose message was lost, and how old
     #: (queued, or with an expired lease) such work must be.
-    sweep_interval_s: float = Field(30.0, gt=0)
-    sweep_stale_after_s: float = Field(120.0, ge=0)
+    sweep_interval_s: float = Field(5.0, gt=0)
+    sweep_stale_after_s: float = Field(5.0, ge=0)
+    #: How long a process keeps judge answers it could not store (the database away)
+    #: and tries again, before giving them up.
+    store_patience_s: float = Field(600.0, gt=0)
 
     # API -------------------------------------------------------------------
     api_keys: str = ""

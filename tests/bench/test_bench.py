@@ -16,6 +16,7 @@ from drcredit.domain.urls import norm_url
 from drcredit.domain.verdicts import accept_snippet_matches, validate_visit_answer
 from drcredit.judges import prompts
 from drcredit.judges.base import RetryPolicy, SnippetJudgeRequest, VisitJudgeRequest
+from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.judges.openai_judge import OpenAIJudge
 from tests.support.builders import group, page, rollout, rubric, search, visit
 from tests.support.live import serving
@@ -184,15 +185,19 @@ def test_the_simulator_serves_the_openai_protocol_and_counts_requests() -> None:
     assert sim.stats["prompt_tokens"] > 0
 
 
-def test_a_failing_simulator_answers_500_and_the_judgment_fails_after_its_retries() -> None:
+def test_a_failing_simulator_answers_500_and_the_judge_is_unavailable_past_the_deadline() -> None:
+    """Every request a 500: the judgment's retries open the breaker, single probes follow,
+    and past the outage deadline the judge is unavailable (an outage is not a score)."""
     g = GROUPS[0]
     turn = next(t for r in g.rollouts for t in r.turns if isinstance(t, VisitTurn) and t.usable_pages)
     sim = Simulator(latency=0.0, sigma=0.0, concurrency=0, error_rate=1.0, seed=1)
     with serving(app(sim), lifespan="off") as url:
         judge = OpenAIJudge(
-            base_url=f"{url}/v1", model="sim", retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01)
+            base_url=f"{url}/v1",
+            model="sim",
+            retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01),
+            outage_deadline_s=1.2,
         )
-        result = judge.judge_visit(VisitJudgeRequest(g.question, g.positive_rubrics[0], (), turn))
-    assert result.status == "failed"
-    assert [a.outcome for a in result.attempts] == ["server_error", "server_error"]
-    assert sim.stats["errors"] == 2
+        with pytest.raises(JudgeUnavailable, match="500"):
+            judge.judge_visit(VisitJudgeRequest(g.question, g.positive_rubrics[0], (), turn))
+    assert 3 <= sim.stats["errors"] <= 5

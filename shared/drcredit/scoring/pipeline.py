@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -74,7 +75,7 @@ from drcredit.scoring.outages import JudgeOutages
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.bulk import JudgmentRow, copy_rows, store_judgments
-from drcredit.storage.database import Database, is_lock_conflict
+from drcredit.storage.database import Database, is_connection_error, is_lock_conflict
 from drcredit.storage.histories import support_histories
 
 log = logging.getLogger("drcredit.pipeline")
@@ -165,9 +166,11 @@ class Pipeline:
         judge_concurrency: int = 64,
         db_threads: int = 6,
         write_linger_s: float = 0.05,
+        store_patience_s: float = 600.0,
     ):
         self.db = db
         self.lease_s = lease_s
+        self.store_patience_s = store_patience_s
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         #: Claim judge requests in the database so that identical requests in flight in
         #: different processes are made once (distributed mode).
@@ -1252,8 +1255,25 @@ class Pipeline:
         return await self._writer.put(_Write(JudgmentRow(values), finish=finish))
 
     def _write_batch(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
-        """:meth:`_write_batch_once`, run again when the server aborted it to break a deadlock."""
-        return _retry_lock_conflicts(self._write_batch_once, writes)
+        """:meth:`_write_batch_once`, run again when the server aborted it to break a
+        deadlock, and kept until the database is back when it is away.
+
+        Judge answers are the expensive part: an outage of the database must not make
+        the platform ask them again. A batch that failed to commit is written again as
+        a whole; one whose commit went through unacknowledged finds its judgments
+        stored (``duplicate``) and its chains read where they stand.
+        """
+        deadline = time.monotonic() + self.store_patience_s
+        pause = 0.25
+        while True:
+            try:
+                return _retry_lock_conflicts(self._write_batch_once, writes)
+            except Exception as exc:
+                if not is_connection_error(exc) or time.monotonic() + pause > deadline or self._stopping.is_set():
+                    raise
+                log.warning("database unavailable; keeping %d judge answers and trying again", len(writes))
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     def _write_batch_once(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
         """Store judgments, renew leases and finish units, for many chains in one transaction.

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import psycopg
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -115,3 +116,12 @@ def is_lock_conflict(exc: BaseException) -> bool:
     """
     orig = getattr(exc, "orig", None)
     return isinstance(orig, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure))
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """The database could not be reached or the connection broke (it may come back)."""
+    if isinstance(exc, OperationalError):
+        return True
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, psycopg.OperationalError)
