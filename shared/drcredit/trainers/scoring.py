@@ -189,6 +189,14 @@ class ScoredBatch:
     group_ids: list[str]
     #: per row, float32 per-token advantages of the length of its ``policy_mask``
     values: list[npt.NDArray[np.float32]]
+    #: per row, the policy tokens to learn from: ``policy_mask`` without the tokens of turns
+    #: the service left out (:func:`turns_to_train`); the adapters mask the others out of
+    #: the loss instead of training them on a made-up zero.
+    train_masks: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+
+    @property
+    def excluded_tokens(self) -> int:
+        return int(sum(int(m.size - m.sum()) for m in self.train_masks))
 
 
 def score_token_rollouts(
@@ -217,6 +225,7 @@ def score_token_rollouts(
     document = client.wait_for_batch(batch_id, timeout=timeout_s)
     by_id = {d.get("group_id"): d for d in document.get("groups", []) if isinstance(d, Mapping)}
     out: list[npt.NDArray[np.float32]] = []
+    masks: list[npt.NDArray[np.bool_]] = []
     for row, group_id in zip(rollouts, order, strict=True):
         doc = by_id.get(group_id)
         if doc is None:
@@ -226,8 +235,35 @@ def score_token_rollouts(
             raise ValueError(
                 f"group {group_id} rollout {row.rollout_id}: {len(values)} turn advantages for {len(row.turns)} turns"
             )
-        out.append(token_values(values, row.spans, row.policy_mask, where=f"rollout {row.rollout_id}"))
-    return ScoredBatch(batch_id, order, out)
+        where = f"rollout {row.rollout_id}"
+        out.append(token_values(values, row.spans, row.policy_mask, where=where))
+        left_out = [0.0 if trained else 1.0 for trained in turns_to_train(doc, row.rollout_id)]
+        policy = np.asarray(row.policy_mask).astype(np.bool_)
+        masks.append(policy & (token_values(left_out, row.spans, row.policy_mask, where=where) < 1.0))
+    return ScoredBatch(batch_id, order, out, masks)
+
+
+def turns_to_train(document: Mapping[str, Any], rollout_id: str) -> list[bool]:
+    """Per turn of one rollout of a group's advantages document: whether to learn from it.
+
+    Under ``on_judge_failure: exclude`` the service leaves unscorable turns out of the
+    normalization; a trainer should leave them out of the loss too, rather than train them
+    on an advantage that stands in for a judgment that failed. A rollout whose
+    ``outcome_reward`` the service could not judge (null among non-null rewards) is left
+    out whole. Under the other policies every turn is trained.
+    """
+    params = document.get("params") or {}
+    rollouts = [r for r in document.get("rollouts", []) if isinstance(r, Mapping)]
+    rollout = next((r for r in rollouts if r.get("id") == rollout_id), None)
+    if rollout is None:
+        raise ValueError(f"rollout {rollout_id!r} is not in the advantages document")
+    turns = list(rollout.get("turns") or [])
+    if params.get("on_judge_failure") != "exclude":
+        return [True] * len(turns)
+    rewarded = [r.get("outcome_reward") is not None for r in rollouts]
+    if rollout.get("outcome_reward") is None and any(rewarded):
+        return [False] * len(turns)
+    return [not t.get("unscorable", False) for t in sorted(turns, key=lambda t: int(t.get("index", 0)))]
 
 
 def token_values(

@@ -234,6 +234,14 @@ def _build_trainer() -> type:
                     continue  # TRL gives unscorable completions no learning signal; so do we
                 row_values = values[g][:width]
                 out[b, : row_values.shape[0]] = row_values
+            if scored.excluded_tokens:
+                # Turns the service left out (on_judge_failure: exclude) leave the loss.
+                keep = np.ones((len(inputs), width), dtype=np.bool_)
+                for b in range(len(inputs)):
+                    row_mask = scored.train_masks[start + b][:width]
+                    keep[b, : row_mask.shape[0]] = row_mask
+                mask = output["completion_mask"]
+                mask.mul_(torch.as_tensor(keep, device=mask.device).to(mask.dtype))
             advantages = torch.as_tensor(out, device=output["completion_ids"].device)
             self._metrics[mode]["drcredit/token_advantage_abs_mean"].append(float(np.abs(out).mean()))
             return advantages

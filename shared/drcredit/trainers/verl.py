@@ -149,10 +149,22 @@ def drcredit_advantage(
     if uids is None:
         raise RuntimeError("no group ids: VeRL passes non_tensor_batch['uid'] as `index`")
     rewards = token_level_rewards.detach().float().sum(dim=-1).cpu().numpy()
-    values = _verl_advantages(uids, response_mask, non_tensor, rewards, DrCreditSettings.from_config(config), None)
+    values, keep = _verl_advantages(
+        uids, response_mask, non_tensor, rewards, DrCreditSettings.from_config(config), None
+    )
+    _leave_out(response_mask, keep)
     advantages = torch.as_tensor(values, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
     advantages = advantages * response_mask.to(advantages.dtype)
     return advantages, advantages.clone()
+
+
+def _leave_out(response_mask: Any, keep: npt.NDArray[np.bool_] | None) -> None:
+    """Mask the tokens of turns the service left out (``on_judge_failure: exclude``) out of
+    the loss, in the batch's own ``response_mask`` (VeRL's policy loss reads that tensor)."""
+    if keep is None:
+        return
+    torch = importlib.import_module("torch")
+    response_mask.mul_(torch.as_tensor(keep, device=response_mask.device).to(response_mask.dtype))
 
 
 def compute_drcredit_advantage(
@@ -176,7 +188,7 @@ def compute_drcredit_advantage(
         rewards = data.batch["token_level_rewards"].detach().float().sum(dim=-1).cpu().numpy()
     else:
         rewards = np.asarray(outcome_rewards, dtype=np.float64)
-    values = _verl_advantages(
+    values, keep = _verl_advantages(
         data.non_tensor_batch["uid"],
         mask,
         data.non_tensor_batch,
@@ -184,6 +196,7 @@ def compute_drcredit_advantage(
         settings or DrCreditSettings.from_config(config),
         client,
     )
+    _leave_out(mask, keep)
     advantages = torch.as_tensor(values, dtype=torch.float32, device=mask.device) * mask.to(torch.float32)
     data.batch["advantages"] = advantages
     data.batch["returns"] = advantages.clone()
@@ -197,7 +210,8 @@ def _verl_advantages(
     rewards: npt.NDArray[Any],
     settings: DrCreditSettings,
     client: Any,
-) -> npt.NDArray[np.float32]:
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_] | None]:
+    """Per-token advantages, and the policy tokens to keep in the loss (None: all of them)."""
     mask = np.asarray(response_mask.detach().cpu().numpy() if hasattr(response_mask, "detach") else response_mask)
     if mask.ndim != 2:
         raise ValueError(f"response_mask must be (batch, response_length), got shape {mask.shape}")
@@ -214,7 +228,12 @@ def _verl_advantages(
     out = np.zeros(mask.shape, dtype=np.float32)
     for b, row in enumerate(scored.values):
         out[b, : row.shape[0]] = row
-    return out
+    if not scored.excluded_tokens:
+        return out, None
+    keep = mask.astype(np.bool_)
+    for b, row_mask in enumerate(scored.train_masks):
+        keep[b, : row_mask.shape[0]] &= row_mask
+    return out, keep
 
 
 def _rows(
