@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from drcredit import metrics
 from drcredit.domain.batch import BatchIn
-from drcredit.domain.group import GroupIn, Rollout
+from drcredit.domain.group import GroupIn, Rollout, is_valid_group_id
 from drcredit.scoring import documents
 from drcredit.scoring.errors import NotFound, NotReady, Unavailable
 from drcredit.scoring.outages import endpoint_states
@@ -170,6 +170,8 @@ async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
 
 def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], dict[int, str]]:
     def statuses(s: Any) -> dict[int, str]:
+        if not is_valid_group_id(group_id):
+            raise NotFound(f"group {group_id!r} not found")
         row = s.execute(
             select(m.Group.id, m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
         ).one_or_none()

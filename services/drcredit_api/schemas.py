@@ -127,7 +127,9 @@ class BatchStatus(_Open):
 
 class CreditsDocument(_Open):
     group_id: str
+    #: done, or failed (then credits are null and ``error`` says why)
     status: str
+    error: str | None = None
     params: dict[str, Any]
     rollouts: list[dict[str, Any]]
 

@@ -13,6 +13,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from drcredit.domain.limits import Limits
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DRCREDIT_", extra="ignore")
@@ -68,6 +70,13 @@ class Settings(BaseSettings):
     api_keys: str = ""
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     max_wait_s: float = Field(300.0, ge=0)
+    #: Size limits of one group (a 422 names the field over one).
+    max_rubrics: int = Field(100, ge=1)
+    max_rollouts: int = Field(256, ge=2)
+    max_turns: int = Field(512, ge=1)
+    #: Results of a search, pages of a visit, queries and URLs of a call, trusted evidence.
+    max_items: int = Field(100, ge=1)
+    max_text_chars: int = Field(1_000_000, ge=1)
     on_judge_failure: Literal["zero", "fail", "exclude"] = "zero"
 
     # Operations ------------------------------------------------------------
@@ -91,6 +100,9 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'drcredit.sqlite3').resolve()}"
+
+    def limits(self) -> Limits:
+        return Limits(self.max_rubrics, self.max_rollouts, self.max_turns, self.max_items, self.max_text_chars)
 
     @property
     def distributed(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -17,8 +17,9 @@ from pydantic_core import PydanticCustomError
 from drcredit.domain.errors import FieldError
 from drcredit.domain.numbers import FiniteFloat
 from drcredit.domain.params import ScoringParams
+from drcredit.domain.text import FreeJSON, Text, storable
 
-Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+Id = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(storable)]
 GROUP_ID_PATTERN = r"^[A-Za-z0-9\-_.:]{1,128}$"
 
 
@@ -44,9 +45,9 @@ class _Model(BaseModel):
 class Rubric(_Model):
     id: Id
     type: Literal["factual", "logical"]
-    description: str
+    description: Text
     weight: FiniteFloat
-    trusted_evidence: list[str] = Field(default_factory=list)
+    trusted_evidence: list[Text] = Field(default_factory=list)
 
     @property
     def positive(self) -> bool:
@@ -55,35 +56,35 @@ class Rubric(_Model):
 
 
 class SearchCall(_Model):
-    queries: list[str] = Field(default_factory=list)
+    queries: list[Text] = Field(default_factory=list)
 
 
 class SearchResult(_Model):
     id: Id
-    url: str
-    title: str = ""
-    snippet: str = ""
+    url: Text
+    title: Text = ""
+    snippet: Text = ""
 
 
 class SearchTurn(_Model):
     type: Literal["search"]
-    reasoning: str = ""
+    reasoning: Text = ""
     call: SearchCall = Field(default_factory=SearchCall)
     results: list[SearchResult] = Field(default_factory=list)
-    error: str | None = None
+    error: Text | None = None
 
 
 class VisitCall(_Model):
-    urls: list[str] = Field(default_factory=list)
-    goal: str = ""
+    urls: list[Text] = Field(default_factory=list)
+    goal: Text = ""
 
 
 class Page(_Model):
     id: Id
-    url: str = ""
-    evidence: str | None = None
-    summary: str | None = None
-    error: str | None = None
+    url: Text = ""
+    evidence: Text | None = None
+    summary: Text | None = None
+    error: Text | None = None
 
     @property
     def usable(self) -> bool:
@@ -97,7 +98,7 @@ def page_usable(error: str | None, evidence: str | None) -> bool:
 
 class VisitTurn(_Model):
     type: Literal["visit"]
-    reasoning: str = ""
+    reasoning: Text = ""
     call: VisitCall = Field(default_factory=VisitCall)
     pages: list[Page] = Field(default_factory=list)
 
@@ -108,16 +109,16 @@ class VisitTurn(_Model):
 
 class AnswerTurn(_Model):
     type: Literal["answer"]
-    reasoning: str = ""
-    answer: str = ""
+    reasoning: Text = ""
+    answer: Text = ""
 
 
 class ToolTurn(_Model):
     type: Literal["tool"]
-    reasoning: str = ""
-    name: str = ""
-    arguments: Any = None
-    response: Any = None
+    reasoning: Text = ""
+    name: Text = ""
+    arguments: FreeJSON = None
+    response: FreeJSON = None
 
 
 Turn = Annotated[SearchTurn | VisitTurn | AnswerTurn | ToolTurn, Field(discriminator="type")]
@@ -145,7 +146,7 @@ class Rollout(_Model):
 class GroupContent(_Model):
     """What is scored: the question, its rubrics and the rollouts (SPEC section 1)."""
 
-    question: str
+    question: Text
     rubrics: list[Rubric] = Field(min_length=1)
     rollouts: list[Rollout] = Field(default_factory=list)
 
@@ -165,7 +166,7 @@ class GroupIn(GroupContent):
 
     group_id: GroupId | None = None
     params: ScoringParams = Field(default_factory=ScoringParams)
-    metadata: Any = None
+    metadata: FreeJSON = None
     expected_rollouts: int | None = Field(default=None, ge=2, le=4096)
 
     @field_validator("rubrics")

@@ -13,9 +13,14 @@ def _strict_number(value: Any) -> Any:
     # instead of letting pydantic's lax mode coerce True into 1.0.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"must be a number, got {value!r}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:
+        digits = len(str(abs(value))) if isinstance(value, int) else 0
+        raise ValueError(f"must be a finite number; this {digits}-digit integer does not fit a float") from None
+    if not math.isfinite(number):
         raise ValueError(f"must be a finite number, got {value!r}")
-    return float(value)
+    return number
 
 
 FiniteFloat = Annotated[float, BeforeValidator(_strict_number)]

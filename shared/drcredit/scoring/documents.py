@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Integer, func, select
 from sqlalchemy.orm import Session, selectinload
 
+from drcredit.domain.group import is_valid_group_id
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.storage import models as m
 from drcredit.storage.histories import support_histories
@@ -19,6 +20,8 @@ def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) ->
     The documents read only the turns' results, and a step's turn bodies are megabytes
     of page text: they are never loaded here.
     """
+    if not is_valid_group_id(group_id):  # never reaches the database (a NUL would fail there)
+        raise NotFound(f"group {group_id!r} not found")
     query = select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
     if full:
         turns = selectinload(m.Group.rollouts).selectinload(m.Rollout.turns).defer(m.Turn.body, raiseload=True)
@@ -30,6 +33,8 @@ def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) ->
 
 
 def find_batch(s: Session, tenant: str, batch_id: str) -> m.Batch:
+    if not is_valid_group_id(batch_id):
+        raise NotFound(f"batch {batch_id!r} not found", "batch_id")
     row = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == batch_id))
     if row is None:
         raise NotFound(f"batch {batch_id!r} not found", "batch_id")
@@ -133,8 +138,12 @@ def advantages_document(s: Session, group: m.Group) -> dict[str, Any]:
 
 
 def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
-    """Per turn: the credit parts, every judgment, and each rubric's support history."""
-    require_done(group)
+    """Per turn: the credit parts, every judgment, and each rubric's support history.
+
+    A failed group has one too, without credits: what was judged, and why it failed.
+    """
+    if group.status != "failed":
+        require_done(group)
     judgments = s.scalars(
         select(m.Judgment)
         .where(m.Judgment.group_pk == group.id)
@@ -167,7 +176,13 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
             entry["judgments"] = [_judgment(j) for j in by_turn.get((r.rollout_id, t.index), [])]
             turns.append(entry)
         rollouts.append({"id": r.rollout_id, "turns": turns, "support_histories": histories.get(r.rollout_id, {})})
-    return {"group_id": group.group_id, "status": group.status, "params": group.params, "rollouts": rollouts}
+    return {
+        "group_id": group.group_id,
+        "status": group.status,
+        "error": group.error,
+        "params": group.params,
+        "rollouts": rollouts,
+    }
 
 
 def _judgment(j: m.Judgment) -> dict[str, Any]:

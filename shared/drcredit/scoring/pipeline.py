@@ -46,7 +46,17 @@ from drcredit.domain.credit import (
     visit_credit,
 )
 from drcredit.domain.dedupe import signatures, twin_turns
-from drcredit.domain.group import GroupContent, GroupIn, Rollout, Rubric, SearchResult, VisitTurn
+from drcredit.domain.errors import FieldError, InvalidInput
+from drcredit.domain.group import (
+    GroupContent,
+    GroupIn,
+    Rollout,
+    Rubric,
+    SearchResult,
+    VisitTurn,
+    is_valid_group_id,
+)
+from drcredit.domain.limits import Limits, group_limit_problems, rollout_limit_problems
 from drcredit.domain.outline import outline_turns
 from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import (
@@ -167,10 +177,12 @@ class Pipeline:
         db_threads: int = 6,
         write_linger_s: float = 0.05,
         store_patience_s: float = 600.0,
+        limits: Limits | None = None,
     ):
         self.db = db
         self.lease_s = lease_s
         self.store_patience_s = store_patience_s
+        self.limits = limits or Limits()
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         #: Claim judge requests in the database so that identical requests in flight in
         #: different processes are made once (distributed mode).
@@ -252,6 +264,8 @@ class Pipeline:
 
         ``position`` and ``prepared`` come from :meth:`submit_batch` (see :meth:`_store_group`).
         """
+        if prepared is None:  # a batch's groups were checked together
+            self.check_limits([group])
         try:
             with self.db.session() as s:
                 submitted = self._store_group(s, tenant, group, position, prepared)
@@ -273,6 +287,15 @@ class Pipeline:
         # straight to aggregation.
         self._maybe_aggregate(created)
 
+    def check_limits(self, groups: Sequence[GroupIn], *, batch: bool = False) -> None:
+        """Refuse groups over the service's size limits (a 422 naming each field)."""
+        problems = []
+        for i, group in enumerate(groups):
+            for p in group_limit_problems(group, self.limits, group.expected_rollouts):
+                problems.append(FieldError(f"groups[{i}].{p.field}", p.message) if batch else p)
+        if problems:
+            raise InvalidInput(problems)
+
     def resolve(self, group: GroupIn) -> GroupIn:
         """Fill the failure policy from settings when the group leaves it unset."""
         if "on_judge_failure" in group.params.model_fields_set:
@@ -289,6 +312,7 @@ class Pipeline:
         written last, makes the batch visible. Re-posting after an interruption stores
         what is missing: the groups already stored are recognised by their group_id.
         """
+        self.check_limits(batch.groups, batch=True)
         groups = [self.resolve(g) for g in batch.groups]
         batch_id = batch.batch_id or uuid.uuid4().hex
         # A group's JSON and hash are made when it is stored (in its ingest thread), so
@@ -439,6 +463,11 @@ class Pipeline:
 
     def add_rollout(self, tenant: str, group_id: str, rollout: Rollout) -> tuple[Submitted, bool]:
         """Add one rollout to an open streaming group; idempotent on the rollout id."""
+        if not is_valid_group_id(group_id):
+            raise NotFound(f"group {group_id!r} not found")
+        problems = rollout_limit_problems(rollout, self.limits)
+        if problems:
+            raise InvalidInput(problems)
         with self.db.session() as s:
             row = s.scalar(
                 select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id).with_for_update()

@@ -55,6 +55,7 @@ class Runtime:
             default_failure_policy=settings.on_judge_failure,
             lease_s=settings.lease_s,
             store_patience_s=settings.store_patience_s,
+            limits=settings.limits(),
             claims=settings.distributed,
             judge_concurrency=settings.judge_concurrency,
             db_threads=db_threads,
