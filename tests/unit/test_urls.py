@@ -42,3 +42,9 @@ def test_normal_form_is_stable() -> None:
     once = norm_url("https://www.Example.com:443/a/?b=2&a=1&utm_x=3#f")
     assert once == "http://example.com/a?a=1&b=2"
     assert norm_url(once) == once
+
+
+def test_text_that_is_no_url_matches_only_itself() -> None:
+    """urllib cannot split an unbalanced IPv6 bracket: the trimmed text is its own form."""
+    assert norm_url(" http://[::1/x ") == "http://[::1/x"
+    assert urls_match("http://[::1/x", "http://[::1/x") and not urls_match("http://[::1/x", "http://[::1]/x")

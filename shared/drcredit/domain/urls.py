@@ -21,14 +21,19 @@ def norm_url(url: str) -> str:
 
     A URL with no scheme (``example.com/page``) is read as ``http://example.com/page``,
     which is what an agent that passes bare domains to its visit tool means. The empty
-    string normalizes to the empty string, which :func:`urls_match` never matches.
+    string normalizes to the empty string, which :func:`urls_match` never matches. Text
+    that is no URL at all (an unbalanced ``[`` in its host, say) is its own trimmed form:
+    it matches only itself.
     """
     text = url.strip()
     if not text:
         return ""
     if "://" not in text:
         text = "http:" + text if text.startswith("//") else "http://" + text
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return url.strip()
     scheme = parts.scheme.lower()
     if scheme == "https":
         scheme = "http"
