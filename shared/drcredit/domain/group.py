@@ -260,10 +260,23 @@ def group_problems(group: GroupIn) -> Iterator[FieldError]:
             )
     elif n > group.expected_rollouts:
         yield FieldError("rollouts", f"{n} rollouts exceed expected_rollouts={group.expected_rollouts}")
+    if group.params.outcome_source == "judge":
+        for i, rollout in enumerate(group.rollouts):
+            if rollout.outcome_reward is not None:
+                yield judged_reward_given(f"rollouts[{i}].outcome_reward")
+    else:
+        yield from outcome_reward_problems(group.rollouts)
+
+
+def judged_reward_given(field: str) -> FieldError:
+    """With ``outcome_source: judge`` the service computes the reward (SPEC section 11)."""
+    return FieldError(
+        field, "must not be given with params.outcome_source 'judge': the service computes the outcome reward"
+    )
 
 
 def rollout_set_problems(rollouts: list[Rollout], offset: int = 0) -> Iterator[FieldError]:
-    """Ids unique and outcome rewards either on every rollout or on none."""
+    """Rollout ids unique within the group."""
     ids: dict[str, int] = {}
     for i, rollout in enumerate(rollouts):
         if rollout.id in ids:
@@ -273,7 +286,6 @@ def rollout_set_problems(rollouts: list[Rollout], offset: int = 0) -> Iterator[F
             )
         else:
             ids[rollout.id] = i + offset
-    yield from outcome_reward_problems(rollouts, offset)
 
 
 def outcome_reward_problems(rollouts: list[Rollout], offset: int = 0) -> Iterator[FieldError]:

@@ -9,7 +9,20 @@ from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
 from drcredit.domain.numbers import BoundedNonNegative, BoundedPositive, UnitFloat
 
 #: Parameters whose change alters what the judge is asked, so a replay cannot honour them.
-JUDGMENT_PARAMETERS = frozenset({"history"})
+JUDGMENT_PARAMETERS = frozenset({"history", "outcome_source"})
+
+
+class OutcomeWeights(BaseModel):
+    """Weights of the outcome reward's five components (SPEC section 11); omitted keys keep
+    their defaults."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rubric: BoundedNonNegative = 0.70
+    format: BoundedNonNegative = 0.05
+    search: BoundedNonNegative = 0.05
+    cite: BoundedNonNegative = 0.15
+    length: BoundedNonNegative = 0.05
 
 
 class ScoringParams(BaseModel):
@@ -29,6 +42,11 @@ class ScoringParams(BaseModel):
     process_weight: BoundedNonNegative = 1.0
     outcome_on_research_turns: StrictBool = True
     on_judge_failure: Literal["zero", "fail", "exclude"] = "zero"
+    #: ``given``: the trainer's ``outcome_reward``; ``judge``: the service computes it.
+    outcome_source: Literal["given", "judge"] = "given"
+    outcome_weights: OutcomeWeights = OutcomeWeights()
+    search_cap: BoundedPositive = 5.0
+    length_cap: BoundedPositive = 2000.0
 
     @model_validator(mode="after")
     def _levels_non_decreasing(self) -> ScoringParams:

@@ -55,6 +55,7 @@ from drcredit.domain.group import (
     SearchResult,
     VisitTurn,
     is_valid_group_id,
+    judged_reward_given,
 )
 from drcredit.domain.limits import Limits, group_limit_problems, rollout_limit_problems
 from drcredit.domain.outline import outline_turns
@@ -488,8 +489,11 @@ class Pipeline:
                 raise Conflict(f"group {group_id!r} already has all {row.expected_rollouts} rollouts")
             if row.status == "failed":
                 raise Conflict(f"group {group_id!r} has failed: {row.error}")
+            params = params_of(row)
+            if params.outcome_source == "judge" and rollout.outcome_reward is not None:
+                raise InvalidInput([judged_reward_given("outcome_reward")])
             rewarded = s.scalars(select(m.Rollout.outcome_reward).where(m.Rollout.group_pk == row.id)).all()
-            if rewarded:
+            if rewarded and params.outcome_source == "given":
                 has = [r is not None for r in rewarded]
                 if all(has) and rollout.outcome_reward is None:
                     raise _reward_error("missing; the group's other rollouts have an outcome_reward")
@@ -498,7 +502,7 @@ class Pipeline:
                         "given, but the group's other rollouts have none; give it on every rollout or on none"
                     )
             content = GroupContent.model_validate({"question": row.question, "rubrics": row.rubrics, "rollouts": []})
-            plan = plan_rollout(content, rollout, params_of(row))
+            plan = plan_rollout(content, rollout, params)
             sigs = signatures(rollout, plan)
             seen: set[str] = set()
             for earlier in s.scalars(select(m.Rollout.signatures).where(m.Rollout.group_pk == row.id)):
