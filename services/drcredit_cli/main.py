@@ -296,10 +296,11 @@ def serve(
 
 def _worker_configs() -> dict[str, Any]:
     from drcredit_aggregator.config import WORKER as AGGREGATOR
+    from drcredit_outcome_judge.config import WORKER as OUTCOMES
     from drcredit_snippet_matcher.config import WORKER as SNIPPETS
     from drcredit_visit_judge.config import WORKER as VISITS
 
-    return {c.queue: c for c in (VISITS, SNIPPETS, AGGREGATOR)}
+    return {c.queue: c for c in (VISITS, SNIPPETS, OUTCOMES, AGGREGATOR)}
 
 
 @app.command()
@@ -307,7 +308,10 @@ def worker(
     queues: Annotated[
         str | None,
         typer.Option(
-            help="Comma-separated queues to consume: visit_judge, snippet_matcher, credit_aggregator (default: all)."
+            help=(
+                "Comma-separated queues to consume: visit_judge, snippet_matcher, outcome_judge, "
+                "credit_aggregator (default: all)."
+            )
         ),
     ] = None,
     concurrency: Annotated[

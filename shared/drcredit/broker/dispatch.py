@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import Celery
 
-from drcredit.broker.queues import AGGREGATE_GROUP, MATCH_SNIPPETS, RUN_VISIT_CHAIN, TASK_QUEUES
+from drcredit.broker.queues import AGGREGATE_GROUP, TASK_QUEUES, UNIT_TASKS
 from drcredit.scoring.dispatch import UnitRef, unit_batches
 
 log = logging.getLogger("drcredit.broker")
@@ -27,7 +27,7 @@ class CeleryDispatcher:
     def dispatch(self, units: Sequence[UnitRef]) -> None:
         for batch in unit_batches(units):
             first = batch[0]
-            name = RUN_VISIT_CHAIN if first.kind == "visit_chain" else MATCH_SNIPPETS
+            name = UNIT_TASKS[first.kind]
             rollouts = {u.rollout_id for u in batch}
             self._send(name, [u.unit_id for u in batch], first.group_pk, first.rollout_id if len(rollouts) == 1 else "")
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 VISIT_JUDGE = "visit_judge"
 SNIPPET_MATCHER = "snippet_matcher"
 CREDIT_AGGREGATOR = "credit_aggregator"
-ALL_QUEUES = (VISIT_JUDGE, SNIPPET_MATCHER, CREDIT_AGGREGATOR)
+OUTCOME_JUDGE = "outcome_judge"
+ALL_QUEUES = (VISIT_JUDGE, SNIPPET_MATCHER, OUTCOME_JUDGE, CREDIT_AGGREGATOR)
 
 RUN_VISIT_CHAIN = "visit_judge.run_chain"
 MATCH_SNIPPETS = "snippet_matcher.match_snippets"
+JUDGE_OUTCOME = "outcome_judge.judge_outcome"
 AGGREGATE_GROUP = "credit_aggregator.aggregate_group"
 
-TASK_QUEUES = {RUN_VISIT_CHAIN: VISIT_JUDGE, MATCH_SNIPPETS: SNIPPET_MATCHER, AGGREGATE_GROUP: CREDIT_AGGREGATOR}
+TASK_QUEUES = {
+    RUN_VISIT_CHAIN: VISIT_JUDGE,
+    MATCH_SNIPPETS: SNIPPET_MATCHER,
+    JUDGE_OUTCOME: OUTCOME_JUDGE,
+    AGGREGATE_GROUP: CREDIT_AGGREGATOR,
+}
+#: The task that runs each kind of work unit.
+UNIT_TASKS = {"visit_chain": RUN_VISIT_CHAIN, "snippet": MATCH_SNIPPETS, "outcome": JUDGE_OUTCOME}

@@ -131,3 +131,22 @@ def accept_snippet_matches(
         if reason is not None:
             rejected.append(RejectedMatch(i, entry, reason))
     return SnippetVerdict(tuple(accepted), tuple(rejected))
+
+
+@dataclass(frozen=True)
+class ScoreVerdict:
+    """An outcome judgment (SPEC section 11): a rubric's 0-4 satisfaction or a claim's 0-2 support."""
+
+    score: int
+    rationale: str = ""
+
+
+def validate_score(answer: Any, maximum: int) -> ScoreVerdict:
+    """``{"score": 0..maximum}``, an integer (a bool, a float or a string is invalid output)."""
+    if not isinstance(answer, Mapping):
+        raise InvalidAnswer(f"answer must be a JSON object, got {type(answer).__name__}")
+    score = answer.get("score")
+    if isinstance(score, bool) or not isinstance(score, int) or not 0 <= score <= maximum:
+        raise InvalidAnswer(f"score must be an integer from 0 to {maximum}, got {score!r}")
+    rationale = answer.get("rationale")
+    return ScoreVerdict(score, rationale if isinstance(rationale, str) else "")

@@ -34,16 +34,18 @@ from tenacity import (
 from drcredit.domain.group import Rubric, SearchResult, VisitTurn
 from drcredit.domain.verdicts import (
     InvalidAnswer,
+    ScoreVerdict,
     SnippetVerdict,
     VisitVerdict,
     accept_snippet_matches,
+    validate_score,
     validate_visit_answer,
 )
-from drcredit.judges import prompts
+from drcredit.judges import outcome_prompts, prompts
 from drcredit.judges.breaker import UNREACHABLE_OUTCOMES, CircuitBreaker
 
-JudgeKind = Literal["visit", "snippet"]
-V = TypeVar("V", VisitVerdict, SnippetVerdict)
+JudgeKind = Literal["visit", "snippet", "rubric", "citation"]
+V = TypeVar("V", VisitVerdict, SnippetVerdict, ScoreVerdict)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,24 @@ class SnippetJudgeRequest:
     question: str
     rubrics: tuple[Rubric, ...]
     results: tuple[SearchResult, ...]
+
+
+@dataclass(frozen=True)
+class RubricJudgeRequest:
+    """One report against one rubric with a non-zero weight (SPEC section 11)."""
+
+    question: str
+    rubric: Rubric
+    report: str
+
+
+@dataclass(frozen=True)
+class CitationJudgeRequest:
+    """One claim and the pages it cites: all of them (the joint call) or one."""
+
+    claim: str
+    #: (url, evidence) of each page, in order of first mention.
+    pages: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -210,6 +230,28 @@ class Judge(ABC):
         return await self._arun(
             prompt or self.snippet_prompt(request), lambda answer: accept_snippet_matches(answer, rubric_ids, snippets)
         )
+
+    def rubric_prompt(self, request: RubricJudgeRequest) -> Prompt:
+        return outcome_prompts.rubric_prompt(request)
+
+    def citation_prompt(self, request: CitationJudgeRequest) -> Prompt:
+        return outcome_prompts.citation_prompt(request)
+
+    async def ajudge_rubric(
+        self, request: RubricJudgeRequest, prompt: Prompt | None = None
+    ) -> JudgeResult[ScoreVerdict]:
+        return await self._arun(prompt or self.rubric_prompt(request), lambda answer: validate_score(answer, 4))
+
+    async def ajudge_citation(
+        self, request: CitationJudgeRequest, prompt: Prompt | None = None
+    ) -> JudgeResult[ScoreVerdict]:
+        return await self._arun(prompt or self.citation_prompt(request), lambda answer: validate_score(answer, 2))
+
+    def judge_rubric(self, request: RubricJudgeRequest) -> JudgeResult[ScoreVerdict]:
+        return self._run_to_completion(self.ajudge_rubric(request))
+
+    def judge_citation(self, request: CitationJudgeRequest) -> JudgeResult[ScoreVerdict]:
+        return self._run_to_completion(self.ajudge_citation(request))
 
     def judge_visit(self, request: VisitJudgeRequest) -> JudgeResult[VisitVerdict]:
         return self._run_to_completion(self.ajudge_visit(request))

@@ -123,7 +123,14 @@ class OfflineJudge(Judge):
 
     async def acomplete(self, prompt: Prompt) -> Completion:
         document = json.loads(prompt.user)
-        answer = self._visit(document) if prompt.kind == "visit" else self._snippets(document)
+        if prompt.kind == "visit":
+            answer = self._visit(document)
+        elif prompt.kind == "snippet":
+            answer = self._snippets(document)
+        elif prompt.kind == "rubric":
+            answer = self._rubric(document)
+        else:
+            answer = self._citation(document)
         text = json.dumps(answer)
         return Completion(
             text, prompt_tokens=len(prompt.user) // 4, completion_tokens=len(text) // 4, finish_reason="stop"
@@ -156,6 +163,26 @@ class OfflineJudge(Judge):
             "support_points": [s[3][:300] for s in chosen],
             "rationale": f"new rubric-term coverage {best:.2f}",
         }
+
+    def _rubric(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Share of the rubric's content words that one sentence of the report covers, on
+        0-4: a lexical stand-in for satisfaction (it cannot tell a claim from its negation)."""
+        target = content_words(doc["rubric_item"]["description"])
+        if not target:
+            return {"score": 0, "rationale": "rubric has no content words"}
+        best = max((len(content_words(s) & target) / len(target) for s in sentences(doc["report"])), default=0.0)
+        score = min(4, int(best * 5))
+        return {"score": score, "rationale": f"best sentence covers {best:.2f} of the rubric's words"}
+
+    def _citation(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Share of the claim's content words found in the cited evidence: all (2), some (1), none (0)."""
+        claim = content_words(doc["claim"])
+        if not claim:
+            return {"score": 0, "rationale": "claim has no content words"}
+        evidence = set().union(*(content_words(p["evidence"]) for p in doc["cited_pages"]))
+        share = len(claim & evidence) / len(claim)
+        score = 2 if share >= 0.8 else 1 if share >= 0.3 else 0
+        return {"score": score, "rationale": f"{share:.2f} of the claim's words are in the pages"}
 
     def _snippets(self, doc: dict[str, Any]) -> dict[str, Any]:
         matches: list[dict[str, str]] = []

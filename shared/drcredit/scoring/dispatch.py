@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 
 log = logging.getLogger(__name__)
 
-UnitKind = Literal["visit_chain", "snippet"]
+UnitKind = Literal["visit_chain", "snippet", "outcome"]
 
 #: Units of one rollout sent together (one message, one claim transaction); bounded so
 #: that one message never holds a worker slot for a whole group.
@@ -36,7 +36,7 @@ def unit_batches(units: Sequence[UnitRef], size: int = MAX_UNITS_PER_MESSAGE) ->
     """
     grouped: dict[tuple[str, int, str], list[UnitRef]] = {}
     for unit in units:
-        rollout = unit.rollout_id if unit.kind == "visit_chain" else ""
+        rollout = unit.rollout_id if unit.kind in ("visit_chain", "outcome") else ""
         grouped.setdefault((unit.kind, unit.group_pk, rollout), []).append(unit)
     for refs in grouped.values():
         for start in range(0, len(refs), size):

@@ -175,7 +175,10 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
                 )
             entry["judgments"] = [_judgment(j) for j in by_turn.get((r.rollout_id, t.index), [])]
             turns.append(entry)
-        rollouts.append({"id": r.rollout_id, "turns": turns, "support_histories": histories.get(r.rollout_id, {})})
+        entry = {"id": r.rollout_id, "turns": turns, "support_histories": histories.get(r.rollout_id, {})}
+        if r.outcome is not None:  # outcome_source judge: the reward's breakdown (SPEC section 11)
+            entry["outcome"] = r.outcome
+        rollouts.append(entry)
     return {
         "group_id": group.group_id,
         "status": group.status,
@@ -187,7 +190,9 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
 
 def _judgment(j: m.Judgment) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": j.kind, "status": j.status}
-    if j.kind == "visit":
+    if j.kind in ("rubric", "citation"):
+        out.update(key=j.rubric_id, score=j.level)
+    elif j.kind == "visit":
         out.update(
             rubric_id=j.rubric_id,
             level=j.level,

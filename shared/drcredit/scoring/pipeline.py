@@ -58,10 +58,12 @@ from drcredit.domain.group import (
     judged_reward_given,
 )
 from drcredit.domain.limits import Limits, group_limit_problems, rollout_limit_problems
+from drcredit.domain.outcome import report_facts
 from drcredit.domain.outline import outline_turns
 from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import (
     RejectedMatch,
+    ScoreVerdict,
     SnippetMatch,
     SnippetVerdict,
     VisitVerdict,
@@ -83,6 +85,8 @@ from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.scoring.events import GroupEvents, announce_final
 from drcredit.scoring.leases import LeaseKeeper
 from drcredit.scoring.outages import JudgeOutages
+from drcredit.scoring.outcome_unit import run_outcome_unit
+from drcredit.scoring.outcomes import OUTCOME_KINDS, breakdown_json, group_breakdowns, planned_calls
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.bulk import JudgmentRow, copy_rows, store_judgments
@@ -93,7 +97,7 @@ log = logging.getLogger("drcredit.pipeline")
 
 #: Groups of a batch stored at once (each in its own transaction).
 INGEST_THREADS = 3
-R = TypeVar("R", VisitVerdict, SnippetVerdict)
+R = TypeVar("R", VisitVerdict, SnippetVerdict, ScoreVerdict)
 S = TypeVar("S")
 StoreOutcome = Literal["stored", "duplicate", "lost"]
 
@@ -135,6 +139,8 @@ class Claimed:
     snippet_done: bool
     #: A snippet call's eligible results, stored at ingest (None: read the rollout).
     payload: tuple[SearchResult, ...] | None = None
+    #: Delivered before: something of it may be stored already.
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -532,6 +538,9 @@ class Pipeline:
         if not items:
             return  # a streaming group opened with no rollout yet
         params = params_of(group)
+        # The outcome half (SPEC section 11): what each report's reward reads, kept at ingest.
+        judged = params.outcome_source == "judge"
+        facts = {item.rollout.id: report_facts(item.rollout) for item in items} if judged else {}
         rollout_pks = {
             rollout_id: pk
             for pk, rollout_id in s.execute(
@@ -545,6 +554,7 @@ class Pipeline:
                         "outcome_reward": item.rollout.outcome_reward,
                         "signatures": item.signatures,
                         "outline": outline_turns(dumped.rollouts[item.rollout.id]["turns"]),
+                        "outcome_facts": facts[item.rollout.id].to_json() if facts else None,
                         "arrived_at": now(),
                     }
                     for item in items
@@ -613,6 +623,22 @@ class Pipeline:
                 if decision == "skip":
                     skipped.append((group.id, rollout.id, task.turn_index))
             group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
+            outcome_calls = planned_calls(facts[rollout.id], content.rubrics) if judged else []
+            if outcome_calls:
+                units.append(
+                    {
+                        "group_pk": group.id,
+                        "kind": "outcome",
+                        "unit_key": f"{rollout.id}\x1foutcome",
+                        "rollout_id": rollout.id,
+                        "rubric_id": None,
+                        "turn_index": None,
+                        "status": "queued",
+                        "dedupe_turns": [],
+                        "payload": None,
+                    }
+                )
+                group.judgments_planned += len(outcome_calls)
         if turns:
             copy_rows(s, m.Turn.__table__, ("rollout_pk", "index", "type", "body"), turns)  # type: ignore[arg-type]
         if judgments:
@@ -775,6 +801,8 @@ class Pipeline:
                     outcome = await self._arun_visit_chain(claimed, owner)
                 finally:
                     metrics.CHAINS_IN_FLIGHT.dec()
+            elif ref.kind == "outcome":
+                outcome = await run_outcome_unit(self, claimed, owner)
             else:
                 outcome = await self._arun_snippet(claimed, owner)
         except _Stopping:
@@ -869,6 +897,7 @@ class Pipeline:
                     payload=None
                     if unit.payload is None
                     else tuple(SearchResult.model_validate(r) for r in unit.payload),
+                    resumed=unit.attempts > 0,
                 )
         return out
 
@@ -1463,6 +1492,14 @@ class Pipeline:
             params = self._params(group_pk, group.params)
             # Outlines, not turn bodies: credits read the rollouts' shape only.
             outlined = outlined_rollouts(s, group_pk)
+            breakdowns = (
+                group_breakdowns(s, group_pk, parse_rubrics(group.rubrics), params)
+                if params.outcome_source == "judge"
+                else {}
+            )
+            for _, doc in outlined:
+                if doc["id"] in breakdowns:
+                    doc["outcome_reward"] = breakdowns[doc["id"]].reward
             content = GroupContent.model_validate(
                 {"question": group.question, "rubrics": group.rubrics, "rollouts": [doc for _, doc in outlined]}
             )
@@ -1480,6 +1517,12 @@ class Pipeline:
                 rollout_pks = {doc["id"]: pk for pk, doc in outlined}
                 turn_pks = repo.turn_ids(s, rollout_pks.values())
                 repo.store_results(s, *_result_rows(rollout_pks, turn_pks, credits, advantages))
+                for rollout_id, breakdown in breakdowns.items():
+                    s.execute(
+                        update(m.Rollout)
+                        .where(m.Rollout.id == rollout_pks[rollout_id])
+                        .values(outcome_reward=breakdown.reward, outcome=breakdown_json(breakdown))
+                    )
                 st = advantages.stats
                 stats = {
                     "mu_rg": st.mu_rg,
@@ -1593,7 +1636,7 @@ def judgments_of(s: Session, group_pk: int) -> Judgments:
             visit[(rollout_id, turn_index, rubric_id)] = (level or 0) if status in ("ok", "deterministic") else 0
             if status == "failed":
                 failed_visits.add((rollout_id, turn_index, rubric_id))
-        elif status in ("ok", "failed"):
+        elif kind == "snippet" and status in ("ok", "failed"):
             snippet[(rollout_id, turn_index)] = (count or 0) if status == "ok" else 0
             if status == "failed":
                 failed_snippets.add((rollout_id, turn_index))
@@ -1632,7 +1675,7 @@ def _stored_state(
     ):
         if kind == "visit":
             done.setdefault((group_pk, rollout_id, rubric_id), set()).add(turn_index)
-        else:
+        elif kind == "snippet":
             snippets_done.add((group_pk, rollout_id, turn_index))
     history = {
         chain: [text for _, text in points] for chain, points in support_histories(s, group_pks, rollout_ids).items()
@@ -1679,6 +1722,8 @@ def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:
         verdict = VisitVerdict(
             row.level or 0, tuple(row.page_ids or ()), tuple(row.support_points or ()), row.rationale or ""
         )
+    elif row.kind in OUTCOME_KINDS:
+        verdict = ScoreVerdict(row.level or 0, row.rationale or "")
     else:
         verdict = SnippetVerdict(
             tuple(SnippetMatch(**x) for x in row.matches or ()),

@@ -21,6 +21,7 @@ from drcredit.domain.params import JUDGMENT_PARAMETERS, ScoringParams
 from drcredit.domain.sensitivity import compare, worst_case
 from drcredit.scoring.content import outlined_content, params_of
 from drcredit.scoring.documents import require_done
+from drcredit.scoring.outcomes import group_breakdowns
 from drcredit.scoring.pipeline import judgments_of
 from drcredit.storage import models as m
 
@@ -42,6 +43,13 @@ def replay(s: Session, group: m.Group, overrides: dict[str, Any]) -> dict[str, A
     content = outlined_content(s, group)
     judgments = judgments_of(s, group.id)
     reference = group_advantages(content, group_credits(content, judgments, reference_params), reference_params)
+    if params.outcome_source == "judge":
+        # The outcome reward under the replay's weights and caps, from the stored
+        # outcome judgments (SPEC section 11).
+        rewards = {rid: b.reward for rid, b in group_breakdowns(s, group.id, content.rubrics, params).items()}
+        content = content.model_copy(
+            update={"rollouts": [r.model_copy(update={"outcome_reward": rewards.get(r.id)}) for r in content.rollouts]}
+        )
     low_credits = group_credits(content, judgments, params, allow_missing_snippets=True)
     low = group_advantages(content, low_credits, params)
     bounded = [(rc.rollout_id, t.index) for rc in low_credits for t in rc.turns if t.bounded]

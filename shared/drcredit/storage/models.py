@@ -130,6 +130,11 @@ class Rollout(Base):
     #: The turns with their text taken out (drcredit.domain.outline): all that
     #: aggregation and replay read of the rollout. None for rows stored before 0002.
     outline: Mapped[list[Any] | None] = mapped_column(JSON)
+    #: With ``outcome_source: judge``: what the outcome reward reads of the rollout
+    #: (drcredit.domain.outcome.ReportFacts), stored at ingest, and once aggregated the
+    #: reward's breakdown (components, rubric scores, claims).
+    outcome_facts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    outcome: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     arrived_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     group: Mapped[Group] = relationship(back_populates="rollouts")
@@ -184,7 +189,10 @@ class Judgment(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
-    kind: Mapped[str] = mapped_column(String(16))  # visit | snippet
+    #: visit | snippet | rubric | citation (the last two: outcome judgments, SPEC section
+    #: 11, on the answer turn; ``rubric_id`` holds the rubric id, or ``claim:call`` for a
+    #: citation call, and ``level`` the score)
+    kind: Mapped[str] = mapped_column(String(16))
     rollout_id: Mapped[str] = mapped_column(String(256))
     turn_index: Mapped[int] = mapped_column(Integer)
     rubric_id: Mapped[str] = mapped_column(String(256), default="")  # "" for snippet judgments
@@ -229,7 +237,7 @@ class WorkUnit(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
-    kind: Mapped[str] = mapped_column(String(16))  # visit_chain | snippet
+    kind: Mapped[str] = mapped_column(String(16))  # visit_chain | snippet | outcome
     unit_key: Mapped[str] = mapped_column(String(600))
     rollout_id: Mapped[str] = mapped_column(String(256))
     rubric_id: Mapped[str | None] = mapped_column(String(256))

@@ -1,0 +1,94 @@
+"""The ``outcome`` work unit: one rollout's report judged for its outcome reward.
+
+Outcome judgments depend on no support history, so a rollout's unit starts as soon as
+the rollout is stored (streamed rollouts included) and runs beside its visit chains. All
+its calls (one per rubric with a non-zero weight, the citation calls of its scoreable
+claims) go out at once, each under a judge slot; each answer is stored through the
+pipeline's batch writer under the unit's lease; identical requests in the group are
+made once. A redelivered unit makes only the calls not stored yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from drcredit.domain.outcome import JOINT, report_facts, report_of
+from drcredit.judges.base import CitationJudgeRequest, JudgeResult, RubricJudgeRequest
+from drcredit.scoring.outcomes import OUTCOME_KINDS, RUBRIC, answer_index, planned_calls
+from drcredit.storage import models as m
+from drcredit.storage.bulk import JudgmentRow
+
+if TYPE_CHECKING:
+    from drcredit.scoring.pipeline import Claimed, Pipeline, StoreOutcome, UnitOutcome
+
+
+async def run_outcome_unit(pipeline: Pipeline, unit: Claimed, owner: str) -> UnitOutcome:
+    from drcredit.scoring.pipeline import _judgment_values, _Write
+
+    group_pk, params = unit.group_pk, unit.params
+    content = await pipeline._acontent(group_pk, unit.rollout_id)
+    rollout = content.rollout(unit.rollout_id)
+    facts = report_facts(rollout)
+    done = await pipeline.engine.db(_stored_calls, pipeline, group_pk, rollout.id) if unit.resumed else set()
+    calls = [call for call in planned_calls(facts, content.rubrics) if call not in done]
+    located = report_of(rollout)
+    report = located[1] if located is not None else ""
+    turn_index = answer_index(rollout)
+    pages = {p.id: (p.url, p.evidence or "") for t in rollout.turns for p in getattr(t, "usable_pages", [])}
+    rubrics = {r.id: r for r in content.rubrics}
+
+    async def one(kind: str, key: str) -> tuple[str, str, JudgeResult[Any], StoreOutcome]:
+        if kind == RUBRIC:
+            request: Any = RubricJudgeRequest(content.question, rubrics[key], report)
+            prompt = pipeline.judge.rubric_prompt(request)
+            call = functools.partial(pipeline.judge.ajudge_rubric, request, prompt)
+        else:
+            claim, _, which = key.partition(":")
+            citation = facts.citations[int(claim)]
+            cited = citation.pages if which == JOINT else (which,)
+            request = CitationJudgeRequest(citation.claim, tuple(pages[p] for p in cited))
+            prompt = pipeline.judge.citation_prompt(request)
+            call = functools.partial(pipeline.judge.ajudge_citation, request, prompt)
+
+        async def store(result: JudgeResult[Any], cached: bool) -> StoreOutcome:
+            values = _judgment_values(group_pk, kind, rollout.id, turn_index, key, prompt_key, result, cached)
+            if result.verdict is not None:
+                values.update(level=result.verdict.score, rationale=result.verdict.rationale)
+            outcome: StoreOutcome = await pipeline._writer.put(_Write(JudgmentRow(values), (unit.unit_id, owner)))
+            return outcome
+
+        # Every outcome request may have a twin (another rollout with the same report,
+        # the same claim on the same pages): each is looked up and claimed by its key.
+        prompt_key = prompt.cache_key(pipeline.judge.model)
+        async with pipeline.engine.judge_slots.slot(1):
+            result, stored = await pipeline._judge_once(group_pk, prompt_key, kind, call, store)
+        return kind, key, result, stored
+
+    results = await asyncio.gather(*(one(kind, key) for kind, key in calls))
+    if any(stored == "lost" for *_, stored in results):
+        return "noop"  # the group failed, or another delivery took the unit over
+    failed = [(key, r.failure_reason) for kind, key, r, _ in results if kind == RUBRIC and r.status == "failed"]
+    if failed and params.on_judge_failure == "fail":
+        key, reason = failed[0]
+        await pipeline.engine.db(
+            pipeline.fail_group, group_pk, f"rubric judgment failed (rollout {rollout.id}, rubric {key}): {reason}"
+        )
+        return "noop"
+    await pipeline._writer.put(_Write(finish=(unit.unit_id, group_pk)))
+    return "done"
+
+
+def _stored_calls(pipeline: Pipeline, group_pk: int, rollout_id: str) -> set[tuple[str, str]]:
+    with pipeline.db.session() as s:
+        rows = s.execute(
+            select(m.Judgment.kind, m.Judgment.rubric_id).where(
+                m.Judgment.group_pk == group_pk,
+                m.Judgment.rollout_id == rollout_id,
+                m.Judgment.kind.in_(OUTCOME_KINDS),
+            )
+        )
+        return {(kind, key) for kind, key in rows}
