@@ -78,7 +78,13 @@ class JudgeServer:
 
 
 def _kind(document: dict[str, Any]) -> str:
-    return "visit" if "visit" in document else "snippet"
+    if "visit" in document:
+        return "visit"
+    if "report" in document:
+        return "rubric"
+    if "claim" in document:
+        return "citation"
+    return "snippet"
 
 
 def _app(server: JudgeServer) -> Starlette:
@@ -181,6 +187,15 @@ def marker_answer(call: Call) -> dict[str, Any]:
             "support_points": points[:3],
             "rationale": "marker",
         }
+    if call.kind == "rubric":
+        # "[R1=3]" in the report: rubric R1 scores 3; unmarked rubrics score 0.
+        mark = re.search(r"\[" + re.escape(doc["rubric_item"]["id"]) + r"=([0-4])\]", doc["report"])
+        return {"score": int(mark.group(1)) if mark else 0, "rationale": "marker"}
+    if call.kind == "citation":
+        # "[support=2]" in a page's evidence: that page supports claims at 2; the joint
+        # call takes the best page.
+        scores = [int(m) for p in doc["cited_pages"] for m in re.findall(r"\[support=([0-2])\]", p["evidence"])]
+        return {"score": max(scores, default=0), "rationale": "marker"}
     matches = []
     for result in doc["unopened_results"]:
         for mark in _SNIP.finditer(result["snippet"]):
