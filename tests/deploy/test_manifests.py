@@ -40,6 +40,7 @@ import yaml
 from check_jsonschema.builtin_schemas import get_builtin_schema
 
 from drcredit_aggregator.config import WORKER as AGGREGATOR_WORKER
+from drcredit_outcome_judge.config import WORKER as OUTCOME_WORKER
 from drcredit_snippet_matcher.config import WORKER as SNIPPET_WORKER
 from drcredit_visit_judge.config import WORKER as VISIT_WORKER
 
@@ -57,11 +58,12 @@ K8S_VERSION = "1.33"
 # --- Contracts with the application code: CLI, queue names, ports ----------
 # queue name -> worker --concurrency
 #: Each service's queue and the --concurrency its manifests run it with: its config.py.
-QUEUES = {c.queue: c.concurrency for c in (VISIT_WORKER, SNIPPET_WORKER, AGGREGATOR_WORKER)}
+QUEUES = {c.queue: c.concurrency for c in (VISIT_WORKER, SNIPPET_WORKER, OUTCOME_WORKER, AGGREGATOR_WORKER)}
 # compose service name of the worker consuming each queue
 WORKER_SERVICES = {
     "visit-judge": "visit_judge",
     "snippet-matcher": "snippet_matcher",
+    "outcome-judge": "outcome_judge",
     "credit-aggregator": "credit_aggregator",
 }
 METRICS_PORT = 9100

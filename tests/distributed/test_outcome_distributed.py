@@ -1,0 +1,53 @@
+"""Outcome judging through the API and worker processes equals embedded mode."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.test_distributed import (
+    assert_same_advantages,
+    batch_advantages,
+    embedded_reference,
+    redis_db,
+    request_key,
+    worker_env,
+)
+from tests.pipeline.test_outcome_judging import judged_group
+from tests.support.api import api_client
+from tests.support.judge_server import JudgeServer
+from tests.support.services import Workers
+
+pytestmark = pytest.mark.infra
+
+
+def test_a_batch_with_judged_outcomes_through_workers_matches_embedded(
+    tmp_path: Path, pg_url: str, marker_judge: JudgeServer
+) -> None:
+    groups = [judged_group(f"oj{i}") for i in range(4)]
+    with redis_db() as broker:
+        workers = Workers(worker_env(pg_url, broker, marker_judge.url), tmp_path)
+        try:
+            workers.start("visit_judge,snippet_matcher", 8)
+            workers.start("outcome_judge", 8)
+            workers.start("credit_aggregator", 2)
+            with api_client(pg_url, marker_judge.url, broker_url=broker, auto_migrate=False) as client:
+                r = client.post("/v1/batches", json={"batch_id": "judged", "groups": groups})
+                assert r.status_code == 202, r.text
+                got = batch_advantages(client, "judged")
+                outcome = client.get("/v1/groups/oj0/credits").json()["rollouts"][0]["outcome"]
+        finally:
+            workers.stop_all()
+    distributed = Counter(request_key(c) for c in marker_judge.calls)
+    assert sum(1 for c in marker_judge.calls if c.kind in ("rubric", "citation")) == 4 * 10
+    marker_judge.calls.clear()
+    want = embedded_reference(tmp_path, marker_judge, groups)
+    assert_same_advantages(got, want)
+    for gid, doc in want.items():
+        assert [r["outcome_reward"] for r in got[gid]["rollouts"]] == [
+            pytest.approx(r["outcome_reward"]) for r in doc["rollouts"]
+        ]
+    assert Counter(request_key(c) for c in marker_judge.calls) == distributed
+    assert outcome["rubric_scores"] == {"R1": 4, "R2": 2, "P": 0}
