@@ -102,3 +102,14 @@ def test_a_worker_on_a_schema_behind_exits_naming_the_upgrade(tmp_path: Path) ->
             "DRCREDIT_BROKER_URL": "redis://127.0.0.1:6379/9",
         }
         one_error_line(run(tmp_path, "worker", env=env), 2, "drcredit db upgrade")
+
+
+def test_the_judged_example_scores_end_to_end_with_the_offline_judge(tmp_path: Path) -> None:
+    """examples/group_judged.json: no reward given; the service judges every report."""
+    result = run(tmp_path, "score", "examples/group_judged.json", "--json")
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, Any] = json.loads(result.stdout)
+    assert doc["params"]["outcome_source"] == "judge" and doc["progress"]["judgments_failed"] == 0
+    rewards = [r["outcome_reward"] for r in doc["rollouts"]]
+    assert all(isinstance(r, float) for r in rewards) and len(set(rewards)) > 1
+    assert doc["stats"]["sigma_o"] > 0

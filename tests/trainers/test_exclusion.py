@@ -71,3 +71,14 @@ def test_unscorable_turns_leave_the_loss_only_under_exclude(tmp_path: Path, poli
         else:
             assert keep.all() and turns_to_train(doc, f"r{b}") == [True, True, True]
     assert scored.excluded_tokens == (6 if policy == "exclude" else 0)
+
+
+def test_with_judged_outcomes_the_trainers_reward_is_not_sent(tmp_path: Path) -> None:
+    """outcome_source judge: the rows' own rewards stay home and the service's come back."""
+    database = f"sqlite:///{tmp_path / 'j.sqlite3'}"
+    with serving(create_app(settings_for(database, None))) as url, DrCreditClient(url) as client:
+        scored = score_token_rollouts(rows(), client=client, timeout_s=60, params={"outcome_source": "judge"})
+        doc = client.advantages(scored.group_ids[0])
+    assert doc["params"]["outcome_source"] == "judge"
+    assert all(isinstance(r["outcome_reward"], float) for r in doc["rollouts"])  # computed by the service
+    assert [r["outcome_reward"] for r in doc["rollouts"]] != [0.0, 1.0]  # not the rows' own

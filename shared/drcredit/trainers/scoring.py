@@ -330,10 +330,13 @@ def _groups(
                 raise ValueError(f"group {key!r}: rollout id {row.rollout_id!r} appears twice")
             seen.add(row.rollout_id)
         rewards = [row.outcome_reward for row in rows]
+        # With outcome_source "judge" the service computes the reward (SPEC section 11):
+        # the trainer's own is not sent (the service would refuse it).
+        judged = (params or {}).get("outcome_source") == "judge"
         docs = []
         for row in rows:
             doc: dict[str, Any] = {"id": row.rollout_id, "turns": row.turns}
-            if all(r is not None for r in rewards):
+            if not judged and all(r is not None for r in rewards):
                 doc["outcome_reward"] = row.outcome_reward
             docs.append(doc)
         body = group_from_rollouts(first.question, first.rubrics, docs, params=params, metadata=metadata)
