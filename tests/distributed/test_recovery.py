@@ -64,7 +64,7 @@ def test_kill_9_with_replacements_recovers_within_a_minute(tmp_path: Path, pg_ur
             team = [workers.start("visit_judge,snippet_matcher,credit_aggregator", CONCURRENCY) for _ in range(3)]
             with api_client(pg_url, judge.url, broker_url=broker, auto_migrate=False, **DEFAULTS) as client:
                 assert client.post("/v1/batches", json={"batch_id": "kill", "groups": groups}).status_code == 202
-                wait_for(lambda: judgments_done(client, ids) >= 25)
+                wait_for(lambda: judgments_done(client, ids) >= 25, timeout=120)
                 victims = team[:1] if killed == "one" else team
                 for victim in victims:
                     victim.send_signal(signal.SIGKILL)

@@ -13,7 +13,6 @@ one (tests, one-off scripts).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import random
 import time
 from abc import ABC, abstractmethod
@@ -31,7 +30,6 @@ from tenacity import (
     wait_random,
 )
 
-from drcredit.domain.group import Rubric, SearchResult, VisitTurn
 from drcredit.domain.verdicts import (
     InvalidAnswer,
     ScoreVerdict,
@@ -44,74 +42,27 @@ from drcredit.domain.verdicts import (
 from drcredit.judges import outcome_prompts, prompts
 from drcredit.judges.breaker import UNREACHABLE_OUTCOMES, CircuitBreaker
 
-JudgeKind = Literal["visit", "snippet", "rubric", "citation"]
+# Re-exported: the request types are part of the judge's interface.
+from drcredit.judges.requests import (
+    CitationJudgeRequest as CitationJudgeRequest,
+)
+from drcredit.judges.requests import (
+    JudgeKind as JudgeKind,
+)
+from drcredit.judges.requests import (
+    Prompt as Prompt,
+)
+from drcredit.judges.requests import (
+    RubricJudgeRequest as RubricJudgeRequest,
+)
+from drcredit.judges.requests import (
+    SnippetJudgeRequest as SnippetJudgeRequest,
+)
+from drcredit.judges.requests import (
+    VisitJudgeRequest as VisitJudgeRequest,
+)
+
 V = TypeVar("V", VisitVerdict, SnippetVerdict, ScoreVerdict)
-
-
-@dataclass(frozen=True)
-class VisitJudgeRequest:
-    """Everything the visit judge sees for one (visit, rubric) (SPEC section 3).
-
-    No position in the rollout: SPEC does not give it to the judge, and without it the
-    same visit with the same history is the same request wherever it occurs.
-    """
-
-    question: str
-    rubric: Rubric
-    prior_support: tuple[str, ...]
-    turn: VisitTurn
-
-    @property
-    def usable_page_ids(self) -> list[str]:
-        return [p.id for p in self.turn.usable_pages]
-
-
-@dataclass(frozen=True)
-class SnippetJudgeRequest:
-    """Everything the snippet judge sees for one search turn (SPEC section 4)."""
-
-    question: str
-    rubrics: tuple[Rubric, ...]
-    results: tuple[SearchResult, ...]
-
-
-@dataclass(frozen=True)
-class RubricJudgeRequest:
-    """One report against one rubric with a non-zero weight (SPEC section 11)."""
-
-    question: str
-    rubric: Rubric
-    report: str
-
-
-@dataclass(frozen=True)
-class CitationJudgeRequest:
-    """One claim and the pages it cites: all of them (the joint call) or one."""
-
-    claim: str
-    #: (url, evidence) of each page, in order of first mention.
-    pages: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class Prompt:
-    kind: JudgeKind
-    system: str
-    user: str
-    schema_name: str
-    schema: dict[str, Any]
-
-    @property
-    def messages(self) -> list[dict[str, str]]:
-        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
-
-    def cache_key(self, model: str) -> str:
-        """Identical requests (same model and text) share one judgment within a group."""
-        digest = hashlib.sha256()
-        for part in (model, self.kind, self.system, self.user):
-            digest.update(part.encode())
-            digest.update(b"\x00")
-        return digest.hexdigest()
 
 
 @dataclass(frozen=True)

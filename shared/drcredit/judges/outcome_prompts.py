@@ -7,12 +7,11 @@ text inside fields named as data the judge must not take instructions from.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-if TYPE_CHECKING:
-    from drcredit.judges.base import CitationJudgeRequest, Prompt, RubricJudgeRequest
+from drcredit.judges.requests import CitationJudgeRequest, Prompt, RubricJudgeRequest
 
 RUBRIC_SYSTEM = """\
 You grade a finished research report against ONE rubric item, on a scale of 0 to 4.
@@ -88,8 +87,6 @@ CITATION_SCHEMA = _schema(2)
 
 
 def rubric_prompt(request: RubricJudgeRequest) -> Prompt:
-    from drcredit.judges.base import Prompt
-
     rubric = request.rubric
     document = {
         "question": request.question,
@@ -101,8 +98,6 @@ def rubric_prompt(request: RubricJudgeRequest) -> Prompt:
 
 
 def citation_prompt(request: CitationJudgeRequest) -> Prompt:
-    from drcredit.judges.base import Prompt
-
     document = {
         "claim": request.claim,
         "cited_pages": [{"url": url, "evidence": evidence} for url, evidence in request.pages],

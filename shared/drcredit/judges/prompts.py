@@ -10,12 +10,11 @@ as untrusted data, so the judge can tell instructions from material.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
-if TYPE_CHECKING:
-    from drcredit.judges.base import Prompt, SnippetJudgeRequest, VisitJudgeRequest
+from drcredit.judges.requests import Prompt, SnippetJudgeRequest, VisitJudgeRequest
 
 VISIT_SYSTEM = """\
 You grade one step of a research agent: a single web visit, against a single rubric item.
@@ -161,8 +160,6 @@ def _dump(document: dict[str, Any]) -> str:
 
 
 def visit_prompt(request: VisitJudgeRequest) -> Prompt:
-    from drcredit.judges.base import Prompt
-
     rubric = request.rubric
     turn = request.turn
     document = {
@@ -194,8 +191,6 @@ def visit_prompt(request: VisitJudgeRequest) -> Prompt:
 
 
 def snippet_prompt(request: SnippetJudgeRequest) -> Prompt:
-    from drcredit.judges.base import Prompt
-
     document = {
         "question": request.question,
         "rubric_items": [{"id": r.id, "type": r.type, "description": r.description} for r in request.rubrics],

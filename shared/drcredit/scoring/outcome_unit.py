@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 
 from drcredit.domain.outcome import JOINT, report_facts, report_of
 from drcredit.judges.base import CitationJudgeRequest, JudgeResult, RubricJudgeRequest
 from drcredit.scoring.outcomes import OUTCOME_KINDS, RUBRIC, answer_index, planned_calls
+from drcredit.scoring.units import Claimed, StoreOutcome, UnitHost, UnitOutcome, Write, judgment_values
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow
 
-if TYPE_CHECKING:
-    from drcredit.scoring.pipeline import Claimed, Pipeline, StoreOutcome, UnitOutcome
 
-
-async def run_outcome_unit(pipeline: Pipeline, unit: Claimed, owner: str) -> UnitOutcome:
-    from drcredit.scoring.pipeline import _judgment_values, _Write
-
+async def run_outcome_unit(pipeline: UnitHost, unit: Claimed, owner: str) -> UnitOutcome:
     group_pk, params = unit.group_pk, unit.params
     content = await pipeline._acontent(group_pk, unit.rollout_id)
     rollout = content.rollout(unit.rollout_id)
@@ -55,10 +51,10 @@ async def run_outcome_unit(pipeline: Pipeline, unit: Claimed, owner: str) -> Uni
             call = functools.partial(pipeline.judge.ajudge_citation, request, prompt)
 
         async def store(result: JudgeResult[Any], cached: bool) -> StoreOutcome:
-            values = _judgment_values(group_pk, kind, rollout.id, turn_index, key, prompt_key, result, cached)
+            values = judgment_values(group_pk, kind, rollout.id, turn_index, key, prompt_key, result, cached)
             if result.verdict is not None:
                 values.update(level=result.verdict.score, rationale=result.verdict.rationale)
-            outcome: StoreOutcome = await pipeline._writer.put(_Write(JudgmentRow(values), (unit.unit_id, owner)))
+            outcome: StoreOutcome = await pipeline._writer.put(Write(JudgmentRow(values), (unit.unit_id, owner)))
             return outcome
 
         # Every outcome request may have a twin (another rollout with the same report,
@@ -78,11 +74,11 @@ async def run_outcome_unit(pipeline: Pipeline, unit: Claimed, owner: str) -> Uni
             pipeline.fail_group, group_pk, f"rubric judgment failed (rollout {rollout.id}, rubric {key}): {reason}"
         )
         return "noop"
-    await pipeline._writer.put(_Write(finish=(unit.unit_id, group_pk)))
+    await pipeline._writer.put(Write(finish=(unit.unit_id, group_pk)))
     return "done"
 
 
-def _stored_calls(pipeline: Pipeline, group_pk: int, rollout_id: str) -> set[tuple[str, str]]:
+def _stored_calls(pipeline: UnitHost, group_pk: int, rollout_id: str) -> set[tuple[str, str]]:
     with pipeline.db.session() as s:
         rows = s.execute(
             select(m.Judgment.kind, m.Judgment.rubric_id).where(

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from sqlalchemy import delete, insert, select, update
@@ -87,6 +87,7 @@ from drcredit.scoring.leases import LeaseKeeper
 from drcredit.scoring.outages import JudgeOutages
 from drcredit.scoring.outcome_unit import run_outcome_unit
 from drcredit.scoring.outcomes import OUTCOME_KINDS, breakdown_json, group_breakdowns, planned_calls
+from drcredit.scoring.units import Claimed, StoreOutcome, UnitOutcome, Write, judgment_values
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.bulk import JudgmentRow, copy_rows, store_judgments
@@ -99,12 +100,9 @@ log = logging.getLogger("drcredit.pipeline")
 INGEST_THREADS = 3
 R = TypeVar("R", VisitVerdict, SnippetVerdict, ScoreVerdict)
 S = TypeVar("S")
-StoreOutcome = Literal["stored", "duplicate", "lost"]
 
 #: Deliveries of one unit before its group is failed instead of retried again.
 MAX_UNIT_ATTEMPTS = 5
-
-UnitOutcome = Literal["done", "noop", "stopped", "busy"]
 
 
 class _Stopping(Exception):
@@ -124,26 +122,6 @@ class Submitted:
 
 
 @dataclass(frozen=True)
-class Claimed:
-    """A unit this delivery holds the lease of, and where it left off."""
-
-    unit_id: int
-    group_pk: int
-    rollout_id: str
-    rubric_id: str
-    turn_index: int
-    dedupe_turns: frozenset[int]
-    params: ScoringParams
-    done: frozenset[int]
-    history: tuple[str, ...]
-    snippet_done: bool
-    #: A snippet call's eligible results, stored at ingest (None: read the rollout).
-    payload: tuple[SearchResult, ...] | None = None
-    #: Delivered before: something of it may be stored already.
-    resumed: bool = False
-
-
-@dataclass(frozen=True)
 class _RolloutToStore:
     """A rollout arriving in a group, with what ingest computed for it."""
 
@@ -152,19 +130,6 @@ class _RolloutToStore:
     plan: RolloutPlan
     signatures: dict[str, list[int]]
     twins: set[int]
-
-
-@dataclass(frozen=True)
-class _Write:
-    """One write for the batch writer: a judgment (with the lease to renew) and/or, with
-    ``finish``, a unit to mark done (with a judgment: only once it is stored)."""
-
-    judgment: JudgmentRow | None = None
-    lease: tuple[int, str] | None = None
-    finish: tuple[int, int] | None = None
-    #: (group, rollout) whose waiting snippet calls this judgment may decide, with the
-    #: group's params.
-    release: tuple[tuple[int, str], ScoringParams] | None = None
 
 
 class Pipeline:
@@ -220,7 +185,7 @@ class Pipeline:
         self.outages = JudgeOutages(db, judge.breaker, self.engine.db)
         self.leases = LeaseKeeper(db, lease_s, self.engine.db)
         self.engine.on_close(self.leases.stop)
-        self._writer: BatchWriter[_Write, StoreOutcome] = BatchWriter(
+        self._writer: BatchWriter[Write, StoreOutcome] = BatchWriter(
             self.engine, self._write_batch, linger_s=write_linger_s
         )
 
@@ -982,7 +947,7 @@ class Pipeline:
                 if t is not None:
                     raise _Stopping()
                 if not pending_finishes:
-                    await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
+                    await self._writer.put(Write(finish=(unit.unit_id, group_pk)))
                 return "done"
             # Calls this chain still has to make, this one included: its claim on a slot.
             remaining = sum(1 for u in chain.turn_indices if u >= t and u not in done)
@@ -1106,7 +1071,7 @@ class Pipeline:
                 return "noop"
             if stored == "stored" and not fails_group:
                 return "done"
-        await self._writer.put(_Write(finish=(unit.unit_id, group_pk)))
+        await self._writer.put(Write(finish=(unit.unit_id, group_pk)))
         return "done"
 
     async def _snippet_request(self, unit: Claimed) -> SnippetJudgeRequest:
@@ -1285,7 +1250,7 @@ class Pipeline:
         the unit is no longer this delivery's (its group failed, or its lease passed on).
         """
         verdict = result.verdict
-        values = _judgment_values(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
+        values = judgment_values(group_pk, "visit", rollout_id, turn_index, rubric_id, key, result, cached)
         values["prior_support"] = prior
         if verdict is not None:
             values.update(
@@ -1294,7 +1259,7 @@ class Pipeline:
                 support_points=list(verdict.support_points),
                 rationale=verdict.rationale,
             )
-        return await self._writer.put(_Write(JudgmentRow(values), lease, finish=finish, release=release))
+        return await self._writer.put(Write(JudgmentRow(values), lease, finish=finish, release=release))
 
     async def _store_snippet(
         self,
@@ -1306,7 +1271,7 @@ class Pipeline:
         result: JudgeResult[SnippetVerdict],
         cached: bool,
     ) -> StoreOutcome:
-        values = _judgment_values(group_pk, "snippet", rollout_id, turn_index, "", key, result, cached)
+        values = judgment_values(group_pk, "snippet", rollout_id, turn_index, "", key, result, cached)
         verdict = result.verdict
         if verdict is not None:
             values.update(
@@ -1314,9 +1279,9 @@ class Pipeline:
                 rejected_matches=[{"index": x.index, "match": x.raw, "reason": x.reason} for x in verdict.rejected],
                 match_count=len(verdict.accepted),
             )
-        return await self._writer.put(_Write(JudgmentRow(values), finish=finish))
+        return await self._writer.put(Write(JudgmentRow(values), finish=finish))
 
-    def _write_batch(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
+    def _write_batch(self, writes: Sequence[Write]) -> list[StoreOutcome]:
         """:meth:`_write_batch_once`, run again when the server aborted it to break a
         deadlock, and kept until the database is back when it is away.
 
@@ -1337,7 +1302,7 @@ class Pipeline:
                 time.sleep(pause)
                 pause = min(pause * 2, 5.0)
 
-    def _write_batch_once(self, writes: Sequence[_Write]) -> list[StoreOutcome]:
+    def _write_batch_once(self, writes: Sequence[Write]) -> list[StoreOutcome]:
         """Store judgments, renew leases and finish units, for many chains in one transaction.
 
         A judgment another delivery already stored is reported ``duplicate`` without
@@ -1681,39 +1646,6 @@ def _stored_state(
         chain: [text for _, text in points] for chain, points in support_histories(s, group_pks, rollout_ids).items()
     }
     return done, history, snippets_done
-
-
-def _judgment_values(
-    group_pk: int,
-    kind: str,
-    rollout_id: str,
-    turn_index: int,
-    rubric_id: str,
-    key: str | None,
-    result: JudgeResult[Any],
-    cached: bool,
-) -> dict[str, Any]:
-    return {
-        "group_pk": group_pk,
-        "kind": kind,
-        "rollout_id": rollout_id,
-        "turn_index": turn_index,
-        "rubric_id": rubric_id,
-        "status": result.status,
-        "answer": result.answer,
-        "request_key": key,
-        "cache_hit": cached,
-        "backend": result.backend,
-        "model": result.model,
-        "failure_reason": result.failure_reason,
-        "latency_s": 0.0 if cached else result.latency_s,
-        "prompt_tokens": 0 if cached else result.prompt_tokens,
-        "completion_tokens": 0 if cached else result.completion_tokens,
-        "attempt_count": 0 if cached else len(result.attempts),
-        # A cache hit made no attempt of its own.
-        "attempts": [] if cached else [vars(a) for a in result.attempts],
-        "created_at": now(),
-    }
 
 
 def _result_from_row(row: m.Judgment) -> JudgeResult[Any]:

@@ -1,0 +1,118 @@
+"""What every kind of work unit shares: the claimed unit, its outcomes, its writes.
+
+A unit kind (a visit chain, a snippet call, an outcome judgment) is a coroutine that
+takes a :class:`Claimed` unit, makes its judge calls and stores each answer as a
+:class:`Write` through the pipeline's batch writer, under the unit's lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol
+
+from drcredit.domain.group import SearchResult
+from drcredit.domain.params import ScoringParams
+from drcredit.judges.base import JudgeResult
+from drcredit.storage.bulk import JudgmentRow
+
+#: What storing a judgment came to: ``duplicate``, another delivery stored it first;
+#: ``lost``, the unit is no longer this delivery's (its group failed, its lease passed on).
+StoreOutcome = Literal["stored", "duplicate", "lost"]
+UnitOutcome = Literal["done", "noop", "stopped", "busy"]
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A unit this delivery holds the lease of, and where it left off."""
+
+    unit_id: int
+    group_pk: int
+    rollout_id: str
+    rubric_id: str
+    turn_index: int
+    dedupe_turns: frozenset[int]
+    params: ScoringParams
+    done: frozenset[int]
+    history: tuple[str, ...]
+    snippet_done: bool
+    #: A snippet call's eligible results, stored at ingest (None: read the rollout).
+    payload: tuple[SearchResult, ...] | None = None
+    #: Delivered before: something of it may be stored already.
+    resumed: bool = False
+
+
+@dataclass(frozen=True)
+class Write:
+    """One write for the batch writer: a judgment (with the lease to renew) and/or, with
+    ``finish``, a unit to mark done (with a judgment: only once it is stored)."""
+
+    judgment: JudgmentRow | None = None
+    lease: tuple[int, str] | None = None
+    finish: tuple[int, int] | None = None
+    #: (group, rollout) whose waiting snippet calls this judgment may decide, with the
+    #: group's params.
+    release: tuple[tuple[int, str], ScoringParams] | None = None
+
+
+def judgment_values(
+    group_pk: int,
+    kind: str,
+    rollout_id: str,
+    turn_index: int,
+    rubric_id: str,
+    key: str | None,
+    result: JudgeResult[Any],
+    cached: bool,
+) -> dict[str, Any]:
+    return {
+        "group_pk": group_pk,
+        "kind": kind,
+        "rollout_id": rollout_id,
+        "turn_index": turn_index,
+        "rubric_id": rubric_id,
+        "status": result.status,
+        "answer": result.answer,
+        "request_key": key,
+        "cache_hit": cached,
+        "backend": result.backend,
+        "model": result.model,
+        "failure_reason": result.failure_reason,
+        "latency_s": 0.0 if cached else result.latency_s,
+        "prompt_tokens": 0 if cached else result.prompt_tokens,
+        "completion_tokens": 0 if cached else result.completion_tokens,
+        "attempt_count": 0 if cached else len(result.attempts),
+        # A cache hit made no attempt of its own.
+        "attempts": [] if cached else [vars(a) for a in result.attempts],
+        "created_at": datetime.now(UTC),
+    }
+
+
+class UnitHost(Protocol):
+    """What a unit kind uses of the pipeline running it (drcredit.scoring.pipeline.Pipeline)."""
+
+    @property
+    def judge(self) -> Any: ...
+
+    @property
+    def engine(self) -> Any: ...
+
+    @property
+    def db(self) -> Any: ...
+
+    @property
+    def _writer(self) -> Any: ...
+
+    async def _acontent(self, group_pk: int, rollout_id: str) -> Any: ...
+
+    async def _judge_once(
+        self,
+        group_pk: int,
+        key: str,
+        kind: str,
+        call: Callable[[], Awaitable[JudgeResult[Any]]],
+        store: Callable[[JudgeResult[Any], bool], Awaitable[Any]],
+    ) -> tuple[JudgeResult[Any], Any]: ...
+
+    def fail_group(self, group_pk: int, reason: str) -> None: ...

@@ -1,0 +1,95 @@
+"""The package's import graph: no cycles, and a pure core.
+
+Every import inside ``shared/drcredit`` counts, wherever it stands (module level,
+function body, ``TYPE_CHECKING`` block): a function-level import is still a dependency,
+and a cycle hidden inside a function is still a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "shared" / "drcredit"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py") if "migrations" not in p.parts}
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rsplit(".", 1)[0] if "." in target else ""
+                if target and target != name and not name.startswith(target + "."):
+                    edges[name].add(target)
+    return edges
+
+
+def external_imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_no_import_cycles() -> None:
+    edges = graph()
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_domain_imports_only_the_standard_library_pydantic_and_itself() -> None:
+    allowed = set(sys.stdlib_module_names) | {"pydantic", "pydantic_core", "drcredit", "__future__"}
+    for path in (PACKAGE / "domain").rglob("*.py"):
+        foreign = external_imports(path) - allowed
+        assert not foreign, f"{path.name} imports {sorted(foreign)}"
+        inner = {t for t in graph()[module_name(path)] if not t.startswith("drcredit.domain")}
+        assert not inner, f"{path.name} imports {sorted(inner)} outside the domain"
+
+
+def test_the_cycle_check_sees_a_function_level_import(tmp_path: Path) -> None:
+    """The checker itself: an import inside a function is an edge like any other."""
+    source = "def f():\n    from drcredit.scoring.pipeline import Pipeline\n"
+    names = [n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
+    assert names == ["drcredit.scoring.pipeline"]
+    assert "drcredit.scoring.units" in graph()["drcredit.scoring.outcome_unit"]
