@@ -797,3 +797,12 @@ def test_react_parallel_calls_and_final_text_without_answer_tags() -> None:
     assert rollout["turns"][2] == {"type": "answer", "reasoning": "ok", "answer": "The report."}
     ended = from_react_text(CALL + RESPONSE + "\n", rollout_id="x")
     assert [t["type"] for t in ended["turns"]] == ["search"]
+
+
+def test_reports_keep_their_citation_markup() -> None:
+    """SPEC section 11 reads <cite id="...">...</cite> in the report: converters keep it as written."""
+    report = '# Findings\n## Detail\nIt opened <cite id="W1, W2">in 2019</cite>.'
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"<answer>{report}</answer>"}]
+    assert only_turn(chat)["answer"] == report
+    react = from_react_text(f"<answer>{report}</answer>", rollout_id="r0")
+    assert react["turns"][-1]["answer"] == report
