@@ -87,8 +87,12 @@ class TurnAdvantage(_Open):
 
 class RolloutAdvantages(_Open):
     id: str
+    #: The trainer's reward, or the service's own (``outcome_source: judge``); null when
+    #: that one is unscorable under ``exclude``.
     outcome_reward: float | None
     outcome_advantage: float
+    #: ``outcome_source: judge``: the reward depends on a failed rubric judgment.
+    outcome_unscorable: bool = False
     turns: list[TurnAdvantage]
 
 

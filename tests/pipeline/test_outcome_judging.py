@@ -155,6 +155,8 @@ def test_a_failed_rubric_judgment_under_each_policy(database_url: str, policy: s
     want = expected_rewards()
     assert doc["progress"]["judgments_failed"] == 1
     rewards = {ro["id"]: ro["outcome_reward"] for ro in doc["rollouts"]}
+    flags = {ro["id"]: ro["outcome_unscorable"] for ro in doc["rollouts"]}
+    assert flags == {"a": False, "b": True, "c": False}
     if policy == "zero":
         assert rewards == {k: pytest.approx(v) for k, v in want.items()}  # R2 scored 0 on b, as its marker says
     else:

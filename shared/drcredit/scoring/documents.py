@@ -123,6 +123,8 @@ def advantages_document(s: Session, group: m.Group) -> dict[str, Any]:
                 "id": r.rollout_id,
                 "outcome_reward": r.outcome_reward,
                 "outcome_advantage": r.outcome_advantage,
+                # outcome_source judge: the reward depends on a failed rubric judgment.
+                "outcome_unscorable": bool((r.outcome or {}).get("unscorable", False)),
                 "turns": turns,
             }
         )
