@@ -68,6 +68,32 @@ def snippet_answer(doc: dict[str, Any]) -> dict[str, Any]:
     return {"matches": matches}
 
 
+def rubric_answer(doc: dict[str, Any]) -> dict[str, Any]:
+    """Rubric satisfaction of a report: a hash of (report facts, rubric), 0-4."""
+    facts = FACT.findall(doc["report"])
+    best = max((fact_level(f, doc["rubric_item"]["id"]) for f in facts), default=0)
+    return {"score": min(4, 2 * best), "rationale": "sim"}
+
+
+def citation_answer(doc: dict[str, Any]) -> dict[str, Any]:
+    """Support of a claim: its facts found in the cited pages' evidence (all 2, some 1, none 0)."""
+    claimed = set(FACT.findall(doc["claim"]))
+    found = {f for p in doc["cited_pages"] for f in FACT.findall(p["evidence"])}
+    score = 0 if not claimed or not claimed & found else 2 if claimed <= found else 1
+    return {"score": score, "rationale": "sim"}
+
+
+ANSWERS = {"visit": visit_answer, "snippet": snippet_answer, "rubric": rubric_answer, "citation": citation_answer}
+
+
+def kind_of(doc: dict[str, Any]) -> str:
+    if "visit" in doc:
+        return "visit"
+    if "report" in doc:
+        return "rubric"
+    return "citation" if "claim" in doc else "snippet"
+
+
 class Simulator:
     def __init__(self, latency: float, sigma: float, concurrency: int, error_rate: float, seed: int):
         self.latency, self.sigma, self.error_rate = latency, sigma, error_rate
@@ -77,6 +103,8 @@ class Simulator:
             "requests": 0,
             "visit": 0,
             "snippet": 0,
+            "rubric": 0,
+            "citation": 0,
             "errors": 0,
             "prompt_tokens": 0,
             "completion_tokens": 0,
@@ -97,7 +125,7 @@ class Simulator:
         body = orjson.loads(raw)
         user = body["messages"][-1]["content"]
         doc = orjson.loads(user)
-        kind = "visit" if "visit" in doc else "snippet"
+        kind = kind_of(doc)
         self.stats["requests"] += 1
         self.stats[kind] += 1
         if self.error_rate and self.rng.random() < self.error_rate:
@@ -115,7 +143,7 @@ class Simulator:
             self.stats["in_flight"] -= 1
             if self.slots is not None:
                 self.slots.release()
-        answer = orjson.dumps(visit_answer(doc) if kind == "visit" else snippet_answer(doc)).decode()
+        answer = orjson.dumps(ANSWERS[kind](doc)).decode()
         prompt_tokens = (len(body["messages"][0]["content"]) + len(user)) // 4
         completion_tokens = len(answer) // 4
         self.stats["prompt_tokens"] += prompt_tokens
@@ -136,7 +164,17 @@ class Simulator:
         )
 
     def reset(self) -> None:
-        for key in ("requests", "visit", "snippet", "errors", "prompt_tokens", "completion_tokens", "peak_in_flight"):
+        for key in (
+            "requests",
+            "visit",
+            "snippet",
+            "rubric",
+            "citation",
+            "errors",
+            "prompt_tokens",
+            "completion_tokens",
+            "peak_in_flight",
+        ):
             self.stats[key] = 0
 
 

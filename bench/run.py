@@ -36,7 +36,7 @@ import psycopg
 import redis
 
 from bench.baseline import as_documents, score_step
-from bench.workload import make_group, make_step
+from bench.workload import make_group, make_step, with_judged_outcomes
 from drcredit.domain.credit import plan_rollout
 from drcredit.domain.group import GroupIn, VisitTurn
 
@@ -537,6 +537,55 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
     }
 
 
+def section_outcome(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
+    """The default step with the outcome reward judged by the service (SPEC section 11).
+
+    Distributed, as the step section runs it plus one outcome-judge worker. Outcome calls
+    depend on no other call, so they add one level to a rollout's chain of dependent calls
+    at most: the bound is the longer of the process critical path and one call.
+    """
+    judged = [with_judged_outcomes(g) for g in groups]
+    rollouts = sum(len(g["rollouts"]) for g in groups)
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(Path(tmp))
+        try:
+            judge = start_judge(stack, args.latency, args.sigma)
+            judge_proc = stack.procs[0]
+            redis.Redis.from_url(REDIS).flushdb()
+            with fresh_database() as db:
+                env = platform_env(judge, db, REDIS, args.concurrency)
+                api, api_proc = start_api(stack, env)
+                workers = [start_worker(stack, env, "visit_judge", args.concurrency) for _ in range(args.visit_workers)]
+                workers.append(
+                    start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4))
+                )
+                workers.append(start_worker(stack, env, "outcome_judge", args.concurrency))
+                run = run_step(api, judged, judge, [api_proc, *workers], judge_proc, args.profile)
+        finally:
+            stack.stop()
+    cp = max(critical_path_calls(judged, run.credits), 1)
+    bound = cp * args.latency
+    process = run.judge["visit"] + run.judge["snippet"]
+    outcome = run.judge["rubric"] + run.judge["citation"]
+    results["outcome"] = {
+        "groups": len(groups),
+        "rollouts": rollouts,
+        "critical_path_calls": cp,
+        "critical_path_bound_s": bound,
+        "distributed_wall_s": run.wall_s,
+        "distributed_ratio_to_bound": run.wall_s / bound,
+        "judge_calls": run.judge["requests"],
+        "process_calls_per_trajectory": process / rollouts,
+        "outcome_calls_per_trajectory": outcome / rollouts,
+        "rubric_calls": run.judge["rubric"],
+        "citation_calls": run.judge["citation"],
+        "paper_process_tasks_per_trajectory": 29.09,
+        "platform_cpu_s_distributed": run.cpu_platform_s,
+        "platform_cpu_ms_per_call": run.cpu_platform_s / run.judge["requests"] * 1000,
+        "failed_judgments": sum(d["progress"]["judgments_failed"] for d in run.advantages.values()),
+    }
+
+
 def fetch_latencies(api: str, group_ids: list[str], n: int) -> dict[str, float]:
     samples = []
     rng = random.Random(1)
@@ -711,6 +760,16 @@ def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None
 
 def table(results: dict[str, Any]) -> str:
     lines = []
+    if "outcome" in results:
+        o = results["outcome"]
+        lines += [
+            f"outcome judged by the service: {o['groups']} groups, {o['rollouts']} rollouts",
+            f"  critical path          {o['critical_path_calls']} calls = {o['critical_path_bound_s']:.2f} s",
+            f"  distributed wall       {o['distributed_wall_s']:.2f} s   ({o['distributed_ratio_to_bound']:.3f}x bound)",
+            f"  calls per trajectory   process {o['process_calls_per_trajectory']:.2f} (paper: 29.09 tasks),"
+            f" outcome {o['outcome_calls_per_trajectory']:.2f}",
+            f"  platform CPU           {o['platform_cpu_ms_per_call']:.2f} ms per call, failed {o['failed_judgments']}",
+        ]
     if "step" in results:
         s = results["step"]
         lines += [
@@ -797,7 +856,9 @@ def main() -> None:
         "--turn-time", type=float, default=2.0, help="streaming: seconds per research turn (generation + tool call)"
     )
     parser.add_argument("--fetches", type=int, default=300)
-    parser.add_argument("--sections", default="step,dispatch,streaming,calls")
+    parser.add_argument(
+        "--sections", default="step,dispatch,streaming,calls", help="any of step, dispatch, streaming, calls, outcome"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     parser.add_argument(
@@ -816,6 +877,9 @@ def main() -> None:
         section_streaming(args, results)
     if "calls" in sections:
         section_calls(args, results)
+    if "outcome" in sections:
+        groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
+        section_outcome(args, groups, results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results))

@@ -191,3 +191,34 @@ def make_step(
     return [
         make_group(seed * 1000 + g, f"s{seed}-g{g}", rollouts, page_tokens, page_failure_rate) for g in range(groups)
     ]
+
+
+def with_judged_outcomes(group: dict[str, Any]) -> dict[str, Any]:
+    """The group with the service judging its outcome rewards (SPEC section 11).
+
+    No trainer reward; each report gets two headings and cites up to three of the
+    rollout's usable pages, one claim per page, each claim the first sentence of its page
+    (so it carries that page's fact tags), the last claim citing two pages.
+    """
+    out = {**group, "params": {**(group.get("params") or {}), "outcome_source": "judge"}}
+    rollouts = []
+    for rollout in group["rollouts"]:
+        turns = list(rollout["turns"])
+        if turns and turns[-1]["type"] == "answer":
+            pages = [
+                p
+                for t in turns
+                if t["type"] == "visit"
+                for p in t["pages"]
+                if not p.get("error") and (p.get("evidence") or "").strip()
+            ][:3]
+            claims = []
+            for k, page in enumerate(pages):
+                refs = page["id"] if k < len(pages) - 1 or len(pages) < 2 else f"{page['id']}, {pages[0]['id']}"
+                first = page["evidence"].split(". ")[0]
+                claims.append(f'<cite id="{refs}">{first}</cite>')
+            report = "# Findings\n\n" + turns[-1]["answer"] + "\n\n## Sources\n\n" + "\n".join(claims)
+            turns[-1] = {**turns[-1], "answer": report}
+        rollouts.append({k: v for k, v in rollout.items() if k != "outcome_reward"} | {"turns": turns})
+    out["rollouts"] = rollouts
+    return out

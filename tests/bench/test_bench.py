@@ -201,3 +201,28 @@ def test_a_failing_simulator_answers_500_and_the_judge_is_unavailable_past_the_d
         with pytest.raises(JudgeUnavailable, match="500"):
             judge.judge_visit(VisitJudgeRequest(g.question, g.positive_rubrics[0], (), turn))
     assert 3 <= sim.stats["errors"] <= 5
+
+
+def test_judged_outcome_workload_and_simulated_outcome_answers() -> None:
+    """The outcome bench: reports cite usable pages, rewards are left to the service, and
+    the simulator answers both outcome prompts validly."""
+    from bench.judge_sim import citation_answer, rubric_answer
+    from bench.workload import with_judged_outcomes
+
+    from drcredit.domain.outcome import report_facts
+    from drcredit.domain.verdicts import validate_score
+
+    doc = with_judged_outcomes(make_group(3, "oj"))
+    group = GroupIn.model_validate(doc)
+    assert group.params.outcome_source == "judge"
+    assert all(r.outcome_reward is None for r in group.rollouts)
+    cited = [report_facts(r) for r in group.rollouts]
+    assert any(c.citations and all(x.scoreable for x in c.citations) for c in cited)
+    report = next(r.turns[-1].answer for r in group.rollouts if r.turns and r.turns[-1].type == "answer")
+    rubric = {"id": group.rubrics[0].id, "type": "factual", "description": "d"}
+    assert 0 <= validate_score(rubric_answer({"rubric_item": rubric, "report": report}), 4).score <= 4
+    claim = cited[0].citations[0] if cited[0].citations else None
+    if claim is not None:
+        pages = {p.id: p for t in group.rollouts[0].turns for p in getattr(t, "usable_pages", [])}
+        evidence = [{"url": pages[p].url, "evidence": pages[p].evidence} for p in claim.pages]
+        assert validate_score(citation_answer({"claim": claim.claim, "cited_pages": evidence}), 2).score == 2
