@@ -210,3 +210,14 @@ def test_streamed_rollouts_are_outcome_judged_on_arrival(client: TestClient, mar
     assert {r["id"]: r["outcome_reward"] for r in doc["rollouts"]} == {
         k: pytest.approx(v) for k, v in expected_rewards().items()
     }
+
+
+def test_identical_outcome_requests_in_a_group_are_made_once(client: TestClient, marker_judge: JudgeServer) -> None:
+    """a2 repeats a's turns and report: its 3 rubric and 4 citation requests are a's."""
+    doc = judged_group("twins")
+    twin = {**doc["rollouts"][0], "id": "a2"}
+    doc["rollouts"].append(twin)
+    scored_doc = scored(client, doc)
+    assert marker_judge.count("rubric") == 6 and marker_judge.count("citation") == 4
+    rewards = {r["id"]: r["outcome_reward"] for r in scored_doc["rollouts"]}
+    assert rewards["a2"] == pytest.approx(rewards["a"]) == pytest.approx(expected_rewards()["a"])

@@ -57,11 +57,17 @@ async def run_outcome_unit(pipeline: UnitHost, unit: Claimed, owner: str) -> Uni
             outcome: StoreOutcome = await pipeline._writer.put(Write(JudgmentRow(values), (unit.unit_id, owner)))
             return outcome
 
-        # Every outcome request may have a twin (another rollout with the same report,
-        # the same claim on the same pages): each is looked up and claimed by its key.
-        prompt_key = prompt.cache_key(pipeline.judge.model)
+        # A request with a possible twin (another rollout with the same report, or the
+        # same claim on the same pages) is looked up and claimed by its key, group-wide;
+        # the others are asked and stored directly.
+        twin = f"{kind}\x1f{key}" in unit.twin_calls
+        prompt_key = prompt.cache_key(pipeline.judge.model) if twin else None
         async with pipeline.engine.judge_slots.slot(1):
-            result, stored = await pipeline._judge_once(group_pk, prompt_key, kind, call, store)
+            if prompt_key is not None:
+                result, stored = await pipeline._judge_once(group_pk, prompt_key, kind, call, store)
+            else:
+                result = await pipeline._call_judge(group_pk, call)
+                stored = await store(result, False)
         return kind, key, result, stored
 
     results = await asyncio.gather(*(one(kind, key) for kind, key in calls))

@@ -10,6 +10,8 @@ drcredit.domain.outcome).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from drcredit.domain.group import Rollout, Rubric
 from drcredit.domain.outcome import (
+    JOINT,
     OutcomeBreakdown,
     ReportFacts,
     citation_calls,
@@ -45,6 +48,39 @@ def planned_calls(facts: ReportFacts, rubrics: Sequence[Rubric]) -> list[tuple[s
     for k, citation in enumerate(facts.citations):
         calls.extend((CITATION, citation_key(k, call)) for call in citation_calls(citation))
     return calls
+
+
+def call_signatures(rollout: Rollout, facts: ReportFacts, rubrics: Sequence[Rubric]) -> dict[str, str]:
+    """Per planned call (``kind\x1fkey``), what an identical request elsewhere in the group
+    would share: the rubric and the report, or the claim and its pages' url and evidence."""
+    located = report_of(rollout)
+    if located is None:
+        return {}
+    report = located[1]
+    pages = {p.id: (p.url, p.evidence or "") for t in rollout.turns for p in getattr(t, "usable_pages", [])}
+    out: dict[str, str] = {}
+    for kind, key in planned_calls(facts, rubrics):
+        if kind == RUBRIC:
+            what: Any = [key, report]
+        else:
+            claim, _, call = key.partition(":")
+            citation = facts.citations[int(claim)]
+            cited = citation.pages if call == JOINT else (call,)
+            what = [citation.claim, [pages[p] for p in cited]]
+        out[f"{kind}\x1f{key}"] = hashlib.blake2b(json.dumps([kind, what]).encode(), digest_size=16).hexdigest()
+    return out
+
+
+def twin_calls(signatures: Mapping[str, Mapping[str, str]]) -> dict[str, list[str]]:
+    """Per rollout, its calls that have an identical request in another rollout of the group."""
+    seen: dict[str, set[str]] = {}
+    for rollout_id, calls in signatures.items():
+        for digest in calls.values():
+            seen.setdefault(digest, set()).add(rollout_id)
+    return {
+        rollout_id: sorted(call for call, digest in calls.items() if len(seen[digest]) > 1)
+        for rollout_id, calls in signatures.items()
+    }
 
 
 def answer_index(rollout: Rollout) -> int:

@@ -86,7 +86,14 @@ from drcredit.scoring.events import GroupEvents, announce_final
 from drcredit.scoring.leases import LeaseKeeper
 from drcredit.scoring.outages import JudgeOutages
 from drcredit.scoring.outcome_unit import run_outcome_unit
-from drcredit.scoring.outcomes import OUTCOME_KINDS, breakdown_json, group_breakdowns, planned_calls
+from drcredit.scoring.outcomes import (
+    OUTCOME_KINDS,
+    breakdown_json,
+    call_signatures,
+    group_breakdowns,
+    planned_calls,
+    twin_calls,
+)
 from drcredit.scoring.units import Claimed, StoreOutcome, UnitOutcome, Write, judgment_values
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
@@ -506,6 +513,13 @@ class Pipeline:
         # The outcome half (SPEC section 11): what each report's reward reads, kept at ingest.
         judged = params.outcome_source == "judge"
         facts = {item.rollout.id: report_facts(item.rollout) for item in items} if judged else {}
+        # Twins are known exactly when the whole group arrives at once.
+        whole = judged and group.rollouts_received == 0 and len(items) == group.expected_rollouts
+        outcome_twins = (
+            twin_calls({i.rollout.id: call_signatures(i.rollout, facts[i.rollout.id], content.rubrics) for i in items})
+            if whole
+            else None
+        )
         rollout_pks = {
             rollout_id: pk
             for pk, rollout_id in s.execute(
@@ -590,6 +604,10 @@ class Pipeline:
             group.judgments_planned += sum(len(c.turn_indices) for c in plan.chains) + len(plan.snippet_tasks)
             outcome_calls = planned_calls(facts[rollout.id], content.rubrics) if judged else []
             if outcome_calls:
+                # Calls that may have an identical twin go through the group-wide claim;
+                # when the rollouts arrive one by one, any call may (the later ones are
+                # not known yet).
+                keyed = outcome_twins.get(rollout.id) if outcome_twins is not None else None
                 units.append(
                     {
                         "group_pk": group.id,
@@ -599,7 +617,7 @@ class Pipeline:
                         "rubric_id": None,
                         "turn_index": None,
                         "status": "queued",
-                        "dedupe_turns": [],
+                        "dedupe_turns": keyed if keyed is not None else [f"{k}\x1f{c}" for k, c in outcome_calls],
                         "payload": None,
                     }
                 )
@@ -854,7 +872,9 @@ class Pipeline:
                     rollout_id=unit.rollout_id,
                     rubric_id=unit.rubric_id or "",
                     turn_index=unit.turn_index or 0,
-                    dedupe_turns=frozenset(unit.dedupe_turns or ()),
+                    # Turn indices (visit and snippet units) or call keys (outcome units).
+                    dedupe_turns=frozenset(x for x in unit.dedupe_turns or () if isinstance(x, int)),
+                    twin_calls=frozenset(x for x in unit.dedupe_turns or () if isinstance(x, str)),
                     params=self._params(unit.group_pk, groups[unit.group_pk][1]),
                     done=frozenset(done.get(chain, ())),
                     history=tuple(history.get(chain, ())),

@@ -41,6 +41,8 @@ class Claimed:
     payload: tuple[SearchResult, ...] | None = None
     #: Delivered before: something of it may be stored already.
     resumed: bool = False
+    #: An outcome unit's calls (``kind\x1fkey``) that may have an identical twin in the group.
+    twin_calls: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -114,5 +116,7 @@ class UnitHost(Protocol):
         call: Callable[[], Awaitable[JudgeResult[Any]]],
         store: Callable[[JudgeResult[Any], bool], Awaitable[Any]],
     ) -> tuple[JudgeResult[Any], Any]: ...
+
+    async def _call_judge(self, group_pk: int, call: Callable[[], Awaitable[JudgeResult[Any]]]) -> JudgeResult[Any]: ...
 
     def fail_group(self, group_pk: int, reason: str) -> None: ...

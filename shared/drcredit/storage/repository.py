@@ -172,7 +172,8 @@ class UnitState:
     status: str
     lease_owner: str | None
     lease_expires_at: datetime | None
-    dedupe_turns: list[int] | None
+    #: Turn indices (visit, snippet units) or call keys (outcome units) with a possible twin.
+    dedupe_turns: list[Any] | None
     attempts: int
     payload: list[Any] | None
 
