@@ -462,6 +462,20 @@ def _run_step(
 # ----------------------------------------------------------------------------- sections
 
 
+def start_platform(
+    stack: Stack, args: argparse.Namespace, judge: str, db: str, *, outcome: bool = False
+) -> tuple[str, Proc, list[Proc]]:
+    """The distributed platform: the API, the visit workers, one snippet-and-aggregation
+    worker and (``outcome``) one outcome-judge worker, on Postgres and Redis."""
+    env = platform_env(judge, db, REDIS, args.concurrency)
+    api, api_proc = start_api(stack, env)
+    workers = [start_worker(stack, env, "visit_judge", args.concurrency) for _ in range(args.visit_workers)]
+    workers.append(start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4)))
+    if outcome:
+        workers.append(start_worker(stack, env, "outcome_judge", args.concurrency))
+    return api, api_proc, workers
+
+
 def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(Path(tmp))
@@ -472,12 +486,7 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
             # Distributed: API + workers on Postgres and Redis.
             redis.Redis.from_url(REDIS).flushdb()
             with fresh_database() as db:
-                env = platform_env(judge, db, REDIS, args.concurrency)
-                api, api_proc = start_api(stack, env)
-                workers = [start_worker(stack, env, "visit_judge", args.concurrency) for _ in range(args.visit_workers)]
-                workers.append(
-                    start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4))
-                )
+                api, api_proc, workers = start_platform(stack, args, judge, db)
                 dist = run_step(api, groups, judge, [api_proc, *workers], judge_proc, args.profile)
                 timing = chain_timing(db, dist.started_at, args.latency)
                 fetch = fetch_latencies(api, list(dist.advantages), args.fetches)
@@ -553,13 +562,7 @@ def section_outcome(args: argparse.Namespace, groups: list[dict[str, Any]], resu
             judge_proc = stack.procs[0]
             redis.Redis.from_url(REDIS).flushdb()
             with fresh_database() as db:
-                env = platform_env(judge, db, REDIS, args.concurrency)
-                api, api_proc = start_api(stack, env)
-                workers = [start_worker(stack, env, "visit_judge", args.concurrency) for _ in range(args.visit_workers)]
-                workers.append(
-                    start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4))
-                )
-                workers.append(start_worker(stack, env, "outcome_judge", args.concurrency))
+                api, api_proc, workers = start_platform(stack, args, judge, db, outcome=True)
                 run = run_step(api, judged, judge, [api_proc, *workers], judge_proc, args.profile)
         finally:
             stack.stop()
