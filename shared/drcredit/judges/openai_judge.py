@@ -3,7 +3,8 @@
 The transport is aiohttp. Measured with ``python -m bench.judge_client`` (BENCHMARKS.md,
 fourth round), the official ``openai`` client costs 1.16 ms of CPU per call at best (its
 generic ``post`` with a pre-encoded body; 2.5 ms through ``chat.completions.create``)
-against 0.32 ms here, and took the default step from 1.35x to 1.67x of its bound. The wire protocol is the public chat-completions one; the
+against 0.32 ms here, and took the default step from 1.35x to 1.67x of its bound.
+The wire protocol is the public chat-completions one; the
 status codes map to outcomes as the official client maps them to exception types, and
 every attempt is recorded and retried by the shared loop in :mod:`drcredit.judges.base`.
 """
