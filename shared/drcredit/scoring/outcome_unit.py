@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from drcredit.domain.outcome import JOINT, report_facts, report_of
+from drcredit.domain.outcome import report_facts, report_of
 from drcredit.judges.base import CitationJudgeRequest, JudgeResult, RubricJudgeRequest
-from drcredit.scoring.outcomes import OUTCOME_KINDS, RUBRIC, answer_index, planned_calls
+from drcredit.scoring.outcomes import OUTCOME_KINDS, RUBRIC, answer_index, citation_call, page_evidence, planned_calls
 from drcredit.scoring.units import Claimed, StoreOutcome, UnitHost, UnitOutcome, Write, judgment_values
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow
@@ -34,7 +34,7 @@ async def run_outcome_unit(pipeline: UnitHost, unit: Claimed, owner: str) -> Uni
     located = report_of(rollout)
     report = located[1] if located is not None else ""
     turn_index = answer_index(rollout)
-    pages = {p.id: (p.url, p.evidence or "") for t in rollout.turns for p in getattr(t, "usable_pages", [])}
+    pages = page_evidence(rollout)
     rubrics = {r.id: r for r in content.rubrics}
 
     async def one(kind: str, key: str) -> tuple[str, str, JudgeResult[Any], StoreOutcome]:
@@ -43,10 +43,7 @@ async def run_outcome_unit(pipeline: UnitHost, unit: Claimed, owner: str) -> Uni
             prompt = pipeline.judge.rubric_prompt(request)
             call = functools.partial(pipeline.judge.ajudge_rubric, request, prompt)
         else:
-            claim, _, which = key.partition(":")
-            citation = facts.citations[int(claim)]
-            cited = citation.pages if which == JOINT else (which,)
-            request = CitationJudgeRequest(citation.claim, tuple(pages[p] for p in cited))
+            request = CitationJudgeRequest(*citation_call(facts, pages, key))
             prompt = pipeline.judge.citation_prompt(request)
             call = functools.partial(pipeline.judge.ajudge_citation, request, prompt)
 

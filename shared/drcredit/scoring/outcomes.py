@@ -50,6 +50,21 @@ def planned_calls(facts: ReportFacts, rubrics: Sequence[Rubric]) -> list[tuple[s
     return calls
 
 
+def page_evidence(rollout: Rollout) -> dict[str, tuple[str, str]]:
+    """(url, evidence) of each usable page of the rollout's visits, by page id."""
+    return {p.id: (p.url, p.evidence or "") for t in rollout.turns for p in getattr(t, "usable_pages", [])}
+
+
+def citation_call(
+    facts: ReportFacts, pages: Mapping[str, tuple[str, str]], key: str
+) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The claim and the (url, evidence) of the pages a citation call (its key) shows the judge."""
+    claim, _, call = key.partition(":")
+    citation = facts.citations[int(claim)]
+    cited = citation.pages if call == JOINT else (call,)
+    return citation.claim, tuple(pages[p] for p in cited)
+
+
 def call_signatures(rollout: Rollout, facts: ReportFacts, rubrics: Sequence[Rubric]) -> dict[str, str]:
     """Per planned call (``kind\x1fkey``), what an identical request elsewhere in the group
     would share: the rubric and the report, or the claim and its pages' url and evidence."""
@@ -57,16 +72,10 @@ def call_signatures(rollout: Rollout, facts: ReportFacts, rubrics: Sequence[Rubr
     if located is None:
         return {}
     report = located[1]
-    pages = {p.id: (p.url, p.evidence or "") for t in rollout.turns for p in getattr(t, "usable_pages", [])}
+    pages = page_evidence(rollout)
     out: dict[str, str] = {}
     for kind, key in planned_calls(facts, rubrics):
-        if kind == RUBRIC:
-            what: Any = [key, report]
-        else:
-            claim, _, call = key.partition(":")
-            citation = facts.citations[int(claim)]
-            cited = citation.pages if call == JOINT else (call,)
-            what = [citation.claim, [pages[p] for p in cited]]
+        what: Any = [key, report] if kind == RUBRIC else citation_call(facts, pages, key)
         out[f"{kind}\x1f{key}"] = hashlib.blake2b(json.dumps([kind, what]).encode(), digest_size=16).hexdigest()
     return out
 
