@@ -67,6 +67,12 @@ def _settings(**overrides: Any) -> Settings:
     return settings.model_copy(update=overrides) if overrides else settings
 
 
+def _database_unreachable(settings: Settings, exc: OperationalError) -> NoReturn:
+    url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
+    reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+    _fail(f"cannot reach the database {url}: {reason} (check DRCREDIT_DATABASE_URL)")
+
+
 def _runtime(settings: Settings, *, check_only: bool = False) -> Runtime | None:
     """Build the runtime (or only check what it needs), turning the usual start-up
     mistakes into one line each."""
@@ -76,9 +82,7 @@ def _runtime(settings: Settings, *, check_only: bool = False) -> Runtime | None:
             return None
         return Runtime.build(settings)
     except OperationalError as exc:
-        url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-        _fail(f"cannot reach the database {url}: {reason} (check DRCREDIT_DATABASE_URL)")
+        _database_unreachable(settings, exc)
     except ValueError as exc:  # judge settings, API keys
         _fail(str(exc))
 
@@ -345,8 +349,7 @@ def worker(
     try:
         celery_app, runtime = worker_mod.start(settings, threads)
     except OperationalError as exc:
-        url = make_url(settings.resolved_database_url).render_as_string(hide_password=True)
-        _fail(f"cannot reach the database {url}: {str(exc.orig).strip().splitlines()[0] if exc.orig else exc}")
+        _database_unreachable(settings, exc)
     except ValueError as exc:
         _fail(str(exc))
     if runtime.schema_problem:
@@ -384,7 +387,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     try:
         upgrade(settings.resolved_database_url, revision)
     except OperationalError as exc:
-        _fail(f"cannot reach the database: {str(exc.orig).strip().splitlines()[0] if exc.orig else exc}")
+        _database_unreachable(settings, exc)
     err.print(f"database at revision {revision}")
 
 
