@@ -352,7 +352,7 @@ def test_a_claim_won_after_the_owner_answered_takes_its_answer(database_url: str
                     )
                 ],
             )
-        token, hit = rt.pipeline._try_claim(stored.group_pk, "k1", "visit", "waiter")  # type: ignore[misc]
+        token, hit = rt.pipeline.judging.try_claim(stored.group_pk, "k1", "visit", "waiter")
         with rt.db.session() as s:
             claims = s.scalars(select(m.RequestClaim.owner)).all()
     finally:

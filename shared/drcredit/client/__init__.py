@@ -18,7 +18,7 @@ Failed judgments reach you in the documents: ``unscorable`` on each turn, the co
 ``wait_for_*`` calls warn with :class:`JudgmentsFailed`.
 """
 
-from drcredit.client._common import JSONDict, new_group_id
+from drcredit.client._requests import JSONDict, new_group_id
 from drcredit.client.aio import AsyncDrCreditClient
 from drcredit.client.errors import (
     AuthError,

@@ -1,5 +1,5 @@
-"""What the sync and async clients share: configuration, request building, retries,
-error mapping and the decisions of the long-poll loops.
+"""What the sync and async clients share: configuration, retries, error mapping and the
+decisions of the long-poll loops (the requests themselves: :mod:`drcredit.client._requests`).
 
 The two clients only perform I/O (``httpx.Client`` or ``httpx.AsyncClient``, ``time.sleep``
 or ``asyncio.sleep``); every rule lives here once, so they cannot drift apart.
@@ -10,14 +10,11 @@ from __future__ import annotations
 import math
 import os
 import random
-import re
 import time
-import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Protocol, TypeAlias, runtime_checkable
-from urllib.parse import quote
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -25,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt
 
 import drcredit
+from drcredit.client._requests import Call, JSONDict
 from drcredit.client.errors import (
     DrCreditConnectionError,
     DrCreditError,
@@ -40,69 +38,11 @@ ENV_API_KEY = "DRCREDIT_API_KEY"
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT_S = 30.0
 
-#: The service's id pattern (API.md): ids the client makes must be accepted as they are.
-ID_PATTERN = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
 #: Never poll faster than this, even when the server's long-poll cap is short.
 MIN_POLL_INTERVAL_S = 0.25
 #: With a progress bar, long-poll in chunks this short so the bar moves.
 PROGRESS_TICK_S = 1.0
 FINAL = ("done", "failed")
-
-JSONDict: TypeAlias = dict[str, Any]
-
-
-@runtime_checkable
-class SupportsModelDump(Protocol):
-    """A pydantic model (e.g. ``drcredit.domain.group.GroupIn``), dumped to JSON before posting."""
-
-    def model_dump(self, *, mode: str = ..., exclude_unset: bool = ...) -> dict[str, Any]: ...
-
-
-Document: TypeAlias = Mapping[str, Any] | SupportsModelDump
-
-
-def new_group_id(prefix: str = "") -> str:
-    """A fresh id the service accepts (``[A-Za-z0-9-_.:]{1,128}``), for a group or a batch.
-
-    Prefer ids derived from your run (``f"{run}-step{step}-q{i}"``): re-posting after a crash
-    then returns the stored group instead of judging it again. Use this for one-off posts.
-    """
-    ident = f"{prefix}-{uuid.uuid4().hex}" if prefix else uuid.uuid4().hex
-    if not ID_PATTERN.match(ident):
-        raise ValueError(f"prefix {prefix!r} gives an invalid id; use at most 95 of A-Z a-z 0-9 - _ . :")
-    return ident
-
-
-def as_document(value: Document, what: str) -> JSONDict:
-    """A JSON object from a mapping or a pydantic model.
-
-    Models are dumped with ``exclude_unset`` so that fields left at their defaults are not
-    sent and the service applies its own (e.g. the failure policy from its settings).
-    """
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, SupportsModelDump):
-        doc = value.model_dump(mode="json", exclude_unset=True)
-        if isinstance(doc, dict):
-            return doc
-    raise TypeError(f"{what} must be a mapping or a pydantic model, got {type(value).__name__}")
-
-
-def _segment(ident: str) -> str:
-    """One URL path segment; ``.`` and ``..`` are valid ids that httpx would otherwise resolve away."""
-    quoted = quote(ident, safe="-_.:~")
-    return quoted.replace(".", "%2E") if ident in (".", "..") else quoted
-
-
-def _pick_id(in_document: Any, argument: str | None, name: str) -> str:
-    if argument is not None and in_document is not None and in_document != argument:
-        raise ValueError(f"{name} {argument!r} differs from the document's {in_document!r}")
-    chosen = argument if argument is not None else in_document
-    if chosen is None:
-        return new_group_id()
-    if not isinstance(chosen, str):
-        raise TypeError(f"{name} must be a string, got {type(chosen).__name__}")
-    return chosen
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -184,23 +124,6 @@ class _Backoff:
         return delay
 
 
-# ---------------------------------------------------------------------------- requests
-
-
-@dataclass(frozen=True)
-class Call:
-    """One request: ``retry`` says whether sending it twice is harmless."""
-
-    method: str
-    path: str
-    params: dict[str, Any] | None = None
-    json: Any = None
-    retry: bool = True
-    wait: float = 0.0
-    accept: tuple[int, ...] = ()
-    text: bool = False
-
-
 class Transient(Exception):
     """A 5xx answer, raised inside the retry loop so tenacity retries it."""
 
@@ -267,110 +190,6 @@ def give_up(exc: BaseException, call: Call, base_url: str, attempts: int) -> DrC
     return DrCreditConnectionError(
         f"{call.method} {base_url}{call.path} {what} after {attempts} attempt(s): {detail}", attempts=attempts
     )
-
-
-# ---------------------------------------------------------------------------- endpoints
-
-
-def _params(params: Document | None) -> JSONDict:
-    return {} if params is None else as_document(params, "params")
-
-
-def submit_group(group: Document, group_id: str | None, params: Document | None, metadata: Any) -> Call:
-    doc = as_document(group, "group")
-    doc["group_id"] = _pick_id(doc.get("group_id"), group_id, "group_id")
-    if params is not None:
-        doc["params"] = _params(params)
-    if metadata is not None:
-        doc["metadata"] = metadata
-    return Call("POST", "/v1/groups", json=doc, retry=True)
-
-
-def open_group(
-    question: str,
-    rubrics: Iterable[Document],
-    expected_rollouts: int,
-    group_id: str | None,
-    rollouts: Iterable[Document],
-    params: Document | None,
-    metadata: Any,
-) -> Call:
-    doc: JSONDict = {
-        "group_id": _pick_id(None, group_id, "group_id"),
-        "question": question,
-        "rubrics": [as_document(r, "rubric") for r in rubrics],
-        "rollouts": [as_document(r, "rollout") for r in rollouts],
-        "expected_rollouts": expected_rollouts,
-    }
-    if params is not None:
-        doc["params"] = _params(params)
-    if metadata is not None:
-        doc["metadata"] = metadata
-    return Call("POST", "/v1/groups", json=doc, retry=True)
-
-
-def add_rollout(group_id: str, rollout: Document) -> Call:
-    doc = as_document(rollout, "rollout")
-    # Idempotent on the rollout id, so a retry is safe exactly when there is one.
-    return Call("POST", f"/v1/groups/{_segment(group_id)}/rollouts", json=doc, retry=doc.get("id") is not None)
-
-
-def submit_batch(groups: Iterable[Document], batch_id: str | None) -> Call:
-    """Every group gets an id before the first attempt: a retried POST is then the same
-    batch of the same groups, never a second copy judged again."""
-    documents = [as_document(g, "group") for g in groups]
-    for doc in documents:
-        if doc.get("group_id") is None:
-            doc["group_id"] = new_group_id()
-    return Call(
-        "POST", "/v1/batches", json={"batch_id": _pick_id(None, batch_id, "batch_id"), "groups": documents}, retry=True
-    )
-
-
-def group_status(group_id: str) -> Call:
-    return Call("GET", f"/v1/groups/{_segment(group_id)}")
-
-
-def batch_status(batch_id: str) -> Call:
-    return Call("GET", f"/v1/batches/{_segment(batch_id)}")
-
-
-def _waiting(path: str, wait: float | None) -> Call:
-    if wait is None:
-        return Call("GET", path)
-    if wait < 0 or math.isnan(wait):
-        raise ValueError("wait must be a non-negative number of seconds")
-    return Call("GET", path, params={"wait": wait}, wait=wait)
-
-
-def advantages(group_id: str, wait: float | None) -> Call:
-    return _waiting(f"/v1/groups/{_segment(group_id)}/advantages", wait)
-
-
-def batch_advantages(batch_id: str, wait: float | None) -> Call:
-    return _waiting(f"/v1/batches/{_segment(batch_id)}/advantages", wait)
-
-
-def credits(group_id: str, wait: float | None) -> Call:
-    return _waiting(f"/v1/groups/{_segment(group_id)}/credits", wait)
-
-
-def replay(group_id: str, params: Document | None) -> Call:
-    # Recomputes from stored judgments with no judge call: repeating it is harmless.
-    return Call("POST", f"/v1/groups/{_segment(group_id)}/replay", json={"params": _params(params)}, retry=True)
-
-
-def healthz() -> Call:
-    return Call("GET", "/healthz")
-
-
-def readyz() -> Call:
-    # 503 is an answer here (which check failed), not a fault to retry.
-    return Call("GET", "/readyz", accept=(503,))
-
-
-def metrics() -> Call:
-    return Call("GET", "/metrics", text=True)
 
 
 # ---------------------------------------------------------------------------- waiting

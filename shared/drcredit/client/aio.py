@@ -11,7 +11,8 @@ import httpx
 from tenacity import AsyncRetrying
 
 from drcredit.client import _common as c
-from drcredit.client._common import Call, Document, JSONDict
+from drcredit.client import _requests as rq
+from drcredit.client._requests import Call, Document, JSONDict
 from drcredit.client.errors import NotReady
 
 __all__ = ["AsyncDrCreditClient"]
@@ -100,7 +101,7 @@ class AsyncDrCreditClient:
         metadata: Any = None,
     ) -> JSONDict:
         """Post one rollout group; returns the 202 body (``group_id``, ``status``, ``created``)."""
-        return await self._json(c.submit_group(group, group_id, params, metadata))
+        return await self._json(rq.submit_group(group, group_id, params, metadata))
 
     async def open_group(
         self,
@@ -115,56 +116,56 @@ class AsyncDrCreditClient:
     ) -> JSONDict:
         """Open a streaming group so judging starts while the other rollouts are generated."""
         return await self._json(
-            c.open_group(question, rubrics, expected_rollouts, group_id, rollouts, params, metadata)
+            rq.open_group(question, rubrics, expected_rollouts, group_id, rollouts, params, metadata)
         )
 
     async def add_rollout(self, group_id: str, rollout: Document) -> JSONDict:
         """Add one rollout to an open group (idempotent on the rollout id)."""
-        return await self._json(c.add_rollout(group_id, rollout))
+        return await self._json(rq.add_rollout(group_id, rollout))
 
     async def submit_batch(self, groups: Iterable[Document], *, batch_id: str | None = None) -> JSONDict:
         """Post a training step's groups in one call, stored atomically."""
-        return await self._json(c.submit_batch(groups, batch_id))
+        return await self._json(rq.submit_batch(groups, batch_id))
 
     # ------------------------------------------------------------------------ results
 
     async def group_status(self, group_id: str) -> JSONDict:
         """Status and judging progress of a group."""
-        return await self._json(c.group_status(group_id))
+        return await self._json(rq.group_status(group_id))
 
     async def batch_status(self, batch_id: str) -> JSONDict:
         """Status of every group of a batch."""
-        return await self._json(c.batch_status(batch_id))
+        return await self._json(rq.batch_status(batch_id))
 
     async def advantages(self, group_id: str, *, wait: float | None = None) -> JSONDict:
         """Per-turn advantages; raises :class:`NotReady` if not done within ``wait`` seconds."""
-        return await self._json(c.advantages(group_id, wait))
+        return await self._json(rq.advantages(group_id, wait))
 
     async def batch_advantages(self, batch_id: str, *, wait: float | None = None) -> JSONDict:
         """Advantages of every group of a batch; :class:`NotReady` until all have finished."""
-        return await self._json(c.batch_advantages(batch_id, wait))
+        return await self._json(rq.batch_advantages(batch_id, wait))
 
     async def credits(self, group_id: str, *, wait: float | None = None) -> JSONDict:
         """The breakdown behind the advantages (credits, judgments, support histories)."""
-        return await self._json(c.credits(group_id, wait))
+        return await self._json(rq.credits(group_id, wait))
 
     async def replay(self, group_id: str, params: Document | None = None) -> JSONDict:
         """Advantages recomputed from stored judgments under other params (no judge call)."""
-        return await self._json(c.replay(group_id, params))
+        return await self._json(rq.replay(group_id, params))
 
     # ------------------------------------------------------------------------ operations
 
     async def healthz(self) -> JSONDict:
         """The process is up."""
-        return await self._json(c.healthz())
+        return await self._json(rq.healthz())
 
     async def readyz(self) -> JSONDict:
         """Database and broker reachable; a not-ready answer (503) is returned, not raised."""
-        return await self._json(c.readyz())
+        return await self._json(rq.readyz())
 
     async def metrics(self) -> str:
         """Prometheus text format."""
-        return str(await self._request(c.metrics()))
+        return str(await self._request(rq.metrics()))
 
     # ------------------------------------------------------------------------ waiting
 

@@ -11,7 +11,8 @@ import httpx
 from tenacity import Retrying
 
 from drcredit.client import _common as c
-from drcredit.client._common import Call, Document, JSONDict
+from drcredit.client import _requests as rq
+from drcredit.client._requests import Call, Document, JSONDict
 from drcredit.client.errors import NotReady
 
 __all__ = ["DrCreditClient"]
@@ -97,7 +98,7 @@ class DrCreditClient:
         metadata: Any = None,
     ) -> JSONDict:
         """Post one rollout group; returns the 202 body (``group_id``, ``status``, ``created``)."""
-        return self._json(c.submit_group(group, group_id, params, metadata))
+        return self._json(rq.submit_group(group, group_id, params, metadata))
 
     def open_group(
         self,
@@ -111,55 +112,55 @@ class DrCreditClient:
         metadata: Any = None,
     ) -> JSONDict:
         """Open a streaming group so judging starts while the other rollouts are generated."""
-        return self._json(c.open_group(question, rubrics, expected_rollouts, group_id, rollouts, params, metadata))
+        return self._json(rq.open_group(question, rubrics, expected_rollouts, group_id, rollouts, params, metadata))
 
     def add_rollout(self, group_id: str, rollout: Document) -> JSONDict:
         """Add one rollout to an open group (idempotent on the rollout id)."""
-        return self._json(c.add_rollout(group_id, rollout))
+        return self._json(rq.add_rollout(group_id, rollout))
 
     def submit_batch(self, groups: Iterable[Document], *, batch_id: str | None = None) -> JSONDict:
         """Post a training step's groups in one call, stored atomically."""
-        return self._json(c.submit_batch(groups, batch_id))
+        return self._json(rq.submit_batch(groups, batch_id))
 
     # ------------------------------------------------------------------------ results
 
     def group_status(self, group_id: str) -> JSONDict:
         """Status and judging progress of a group."""
-        return self._json(c.group_status(group_id))
+        return self._json(rq.group_status(group_id))
 
     def batch_status(self, batch_id: str) -> JSONDict:
         """Status of every group of a batch."""
-        return self._json(c.batch_status(batch_id))
+        return self._json(rq.batch_status(batch_id))
 
     def advantages(self, group_id: str, *, wait: float | None = None) -> JSONDict:
         """Per-turn advantages; raises :class:`NotReady` if not done within ``wait`` seconds."""
-        return self._json(c.advantages(group_id, wait))
+        return self._json(rq.advantages(group_id, wait))
 
     def batch_advantages(self, batch_id: str, *, wait: float | None = None) -> JSONDict:
         """Advantages of every group of a batch; :class:`NotReady` until all have finished."""
-        return self._json(c.batch_advantages(batch_id, wait))
+        return self._json(rq.batch_advantages(batch_id, wait))
 
     def credits(self, group_id: str, *, wait: float | None = None) -> JSONDict:
         """The breakdown behind the advantages (credits, judgments, support histories)."""
-        return self._json(c.credits(group_id, wait))
+        return self._json(rq.credits(group_id, wait))
 
     def replay(self, group_id: str, params: Document | None = None) -> JSONDict:
         """Advantages recomputed from stored judgments under other params (no judge call)."""
-        return self._json(c.replay(group_id, params))
+        return self._json(rq.replay(group_id, params))
 
     # ------------------------------------------------------------------------ operations
 
     def healthz(self) -> JSONDict:
         """The process is up."""
-        return self._json(c.healthz())
+        return self._json(rq.healthz())
 
     def readyz(self) -> JSONDict:
         """Database and broker reachable; a not-ready answer (503) is returned, not raised."""
-        return self._json(c.readyz())
+        return self._json(rq.readyz())
 
     def metrics(self) -> str:
         """Prometheus text format."""
-        return str(self._request(c.metrics()))
+        return str(self._request(rq.metrics()))
 
     # ------------------------------------------------------------------------ waiting
 

@@ -1,12 +1,18 @@
 """Judge backend for any OpenAI-compatible chat-completions server (vLLM, SGLang, OpenAI).
 
-The transport is aiohttp. Measured with ``python -m bench.judge_client`` (BENCHMARKS.md,
-fourth round), the official ``openai`` client costs 1.16 ms of CPU per call at best (its
-generic ``post`` with a pre-encoded body; 2.5 ms through ``chat.completions.create``)
-against 0.32 ms here, and took the default step from 1.35x to 1.67x of its bound.
-The wire protocol is the public chat-completions one; the
-status codes map to outcomes as the official client maps them to exception types, and
-every attempt is recorded and retried by the shared loop in :mod:`drcredit.judges.base`.
+The transport is the official ``openai`` package's async client, on its aiohttp transport
+(``openai[aiohttp]``: 0.66 ms of CPU per judgment against 1.27 ms on its default one,
+``python -m bench.judge_client``), with ``max_retries=0``: the shared loop in
+:mod:`drcredit.judges.base` retries, records every attempt and tells an unreachable judge
+from one that answered badly. The response body is read as bytes (``cast_to=bytes``) and
+parsed here with orjson, so a malformed answer is an invalid attempt, never an exception
+of the client's model layer. Each error the client raises maps to one attempt outcome:
+connection, timeout, 429, 5xx (and 408/409/425) are retried; 400 may drop the structured
+output request; any other 4xx is fatal.
+
+The request goes through the client's generic ``post`` with the chat-completions body as
+the wire format: its typed ``chat.completions.create`` costs several times the CPU of the
+rest of a judgment (BENCHMARKS.md) for a body that needs no transformation.
 """
 
 from __future__ import annotations
@@ -17,15 +23,22 @@ import os
 import threading
 from typing import Any, Literal
 
-import aiohttp
+import openai
 import orjson
-import yarl
+from openai import AsyncOpenAI
 
 from drcredit.judges.base import Completion, FatalJudgeError, Judge, Prompt, RetryableError, RetryPolicy
 
 ResponseFormat = Literal["auto", "json_schema", "json_object", "none"]
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+#: Status codes the official client would retry: the server may answer differently next time.
+_RETRYABLE_STATUS = frozenset({408, 409, 425})
+
+
+#: The body goes as bytes encoded with orjson (the client's own encoder is the stdlib's).
+_JSON_CONTENT: Any = {"headers": {"Content-Type": "application/json"}}
 
 
 class BadRequest(Exception):
@@ -53,50 +66,48 @@ class OpenAIJudge(Judge):
         self.base_url = base.rstrip("/")
         super().__init__(model, retry, outage_deadline_s)
         self.url = self.base_url + "/chat/completions"
-        self._url = yarl.URL(self.url)  # parsed once, not per request
-        key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-        self._headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+        self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.response_format: ResponseFormat = response_format
         self.extra_body = extra_body or {}
-        #: One connection pool per event loop (aiohttp sessions belong to the loop that
-        #: made them): the worker's engine loop, or a short-lived loop of a sync call.
-        self._sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        #: One client (and connection pool) per event loop: the worker's engine loop, or
+        #: a short-lived loop of a synchronous call.
+        self._clients: dict[asyncio.AbstractEventLoop, AsyncOpenAI] = {}
         self._lock = threading.Lock()
 
     @property
     def endpoint(self) -> str:
         return self.base_url
 
-    def _session(self) -> aiohttp.ClientSession:
+    def _client(self) -> AsyncOpenAI:
         loop = asyncio.get_running_loop()
-        session = self._sessions.get(loop)
-        if session is None or session.closed:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                headers=self._headers,
-                # A judge endpoint sets no cookies worth keeping; filtering a jar per
-                # request is measurable at hundreds of calls per second.
-                cookie_jar=aiohttp.DummyCookieJar(),
+        client = self._clients.get(loop)
+        if client is None:
+            client = AsyncOpenAI(
+                api_key=self.api_key,
+                base_url=self.base_url,
+                timeout=self.timeout_s,
+                max_retries=0,
+                # Measured cheaper per call than the default transport (BENCHMARKS.md).
+                http_client=openai.DefaultAioHttpClient(),
             )
             with self._lock:
-                self._sessions[loop] = session
-        return session
+                self._clients[loop] = client
+        return client
 
     async def aclose(self) -> None:
         with self._lock:
-            session = self._sessions.pop(asyncio.get_running_loop(), None)
-        if session is not None:
-            await session.close()
+            client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
 
     def close(self) -> None:
-        # Sessions of loops still running are closed by their owner (the engine calls
+        # Clients of loops still running are closed by their owner (the engine calls
         # aclose on its loop before stopping); what is left belongs to finished loops.
         with self._lock:
-            self._sessions = {loop: s for loop, s in self._sessions.items() if not loop.is_closed()}
+            self._clients = {loop: c for loop, c in self._clients.items() if not loop.is_closed()}
 
     def _format_for(self, prompt: Prompt) -> dict[str, Any] | None:
         mode = self.response_format
@@ -136,23 +147,32 @@ class OpenAIJudge(Judge):
             body["response_format"] = response_format
         body.update(self.extra_body)
         try:
-            payload = aiohttp.BytesPayload(orjson.dumps(body), content_type="application/json")
-            async with self._session().post(self._url, data=payload) as response:
-                raw = await response.read()
-                status = response.status
-        except TimeoutError as exc:
+            # The client's generic POST, not ``chat.completions.create``: create walks
+            # every message and the JSON schema through its typed-params transform, 2 ms
+            # of CPU per call; the body here is already the wire format (BENCHMARKS.md).
+            raw = await self._client().post(
+                "/chat/completions", content=orjson.dumps(body), options=_JSON_CONTENT, cast_to=bytes
+            )
+        except openai.APITimeoutError as exc:
+            cause = exc.__cause__
+            if type(cause).__name__ == "ConnectTimeout":
+                # The connection was never made (the aiohttp transport reports a refused
+                # connection this way too): the judge cannot be reached, it did not stall.
+                raise RetryableError("connection", f"connection error: {cause}") from exc
             raise RetryableError("timeout", f"no answer within {self.timeout_s}s") from exc
-        except aiohttp.ClientError as exc:
-            raise RetryableError("connection", f"connection error: {type(exc).__name__}: {exc}") from exc
-        if status >= 400:
-            message = _error_message(raw, status)
+        except openai.APIConnectionError as exc:
+            cause = exc.__cause__ or exc
+            raise RetryableError("connection", f"connection error: {type(cause).__name__}: {cause}") from exc
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            message = _error_message(exc.response.content, status)
             if status == 400:
-                raise BadRequest(message)
+                raise BadRequest(message) from exc
             if status == 429:
-                raise RetryableError("rate_limited", f"429: {message}")
-            if status >= 500 or status in (408, 409, 425):
-                raise RetryableError("server_error", f"{status}: {message}")
-            raise FatalJudgeError(f"{status}: {message}")
+                raise RetryableError("rate_limited", f"429: {message}") from exc
+            if status >= 500 or status in _RETRYABLE_STATUS:
+                raise RetryableError("server_error", f"{status}: {message}") from exc
+            raise FatalJudgeError(f"{status}: {message}") from exc
         return _completion(raw)
 
 

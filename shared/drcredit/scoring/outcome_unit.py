@@ -4,7 +4,7 @@ Outcome judgments depend on no support history, so a rollout's unit starts as so
 the rollout is stored (streamed rollouts included) and runs beside its visit chains. All
 its calls (one per rubric with a non-zero weight, the citation calls of its scoreable
 claims) go out at once, each under a judge slot; each answer is stored through the
-pipeline's batch writer under the unit's lease; identical requests in the group are
+batch writer under the unit's lease; identical requests in the group are
 made once. A redelivered unit makes only the calls not stored yet.
 """
 
@@ -19,17 +19,18 @@ from sqlalchemy import select
 from drcredit.domain.outcome import report_facts, report_of
 from drcredit.judges.base import CitationJudgeRequest, JudgeResult, RubricJudgeRequest
 from drcredit.scoring.outcomes import OUTCOME_KINDS, RUBRIC, answer_index, citation_call, page_evidence, planned_calls
-from drcredit.scoring.units import Claimed, StoreOutcome, UnitHost, UnitOutcome, Write, judgment_values
+from drcredit.scoring.unit_context import UnitContext
+from drcredit.scoring.units import Claimed, StoreOutcome, UnitOutcome, Write, judgment_values
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow
 
 
-async def run_outcome_unit(pipeline: UnitHost, unit: Claimed, owner: str) -> UnitOutcome:
+async def run_outcome_unit(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
     group_pk, params = unit.group_pk, unit.params
-    content = await pipeline._acontent(group_pk, unit.rollout_id)
+    content = await ctx.rollouts.acontent(group_pk, unit.rollout_id)
     rollout = content.rollout(unit.rollout_id)
     facts = report_facts(rollout)
-    done = await pipeline.engine.db(_stored_calls, pipeline, group_pk, rollout.id) if unit.resumed else set()
+    done = await ctx.engine.db(_stored_calls, ctx, group_pk, rollout.id) if unit.resumed else set()
     calls = [call for call in planned_calls(facts, content.rubrics) if call not in done]
     located = report_of(rollout)
     report = located[1] if located is not None else ""
@@ -40,30 +41,30 @@ async def run_outcome_unit(pipeline: UnitHost, unit: Claimed, owner: str) -> Uni
     async def one(kind: str, key: str) -> tuple[str, str, JudgeResult[Any], StoreOutcome]:
         if kind == RUBRIC:
             request: Any = RubricJudgeRequest(content.question, rubrics[key], report)
-            prompt = pipeline.judge.rubric_prompt(request)
-            call = functools.partial(pipeline.judge.ajudge_rubric, request, prompt)
+            prompt = ctx.judge.rubric_prompt(request)
+            call = functools.partial(ctx.judge.ajudge_rubric, request, prompt)
         else:
             request = CitationJudgeRequest(*citation_call(facts, pages, key))
-            prompt = pipeline.judge.citation_prompt(request)
-            call = functools.partial(pipeline.judge.ajudge_citation, request, prompt)
+            prompt = ctx.judge.citation_prompt(request)
+            call = functools.partial(ctx.judge.ajudge_citation, request, prompt)
 
         async def store(result: JudgeResult[Any], cached: bool) -> StoreOutcome:
             values = judgment_values(group_pk, kind, rollout.id, turn_index, key, prompt_key, result, cached)
             if result.verdict is not None:
                 values.update(level=result.verdict.score, rationale=result.verdict.rationale)
-            outcome: StoreOutcome = await pipeline._writer.put(Write(JudgmentRow(values), (unit.unit_id, owner)))
+            outcome: StoreOutcome = await ctx.writer.put(Write(JudgmentRow(values), (unit.unit_id, owner)))
             return outcome
 
         # A request with a possible twin (another rollout with the same report, or the
         # same claim on the same pages) is looked up and claimed by its key, group-wide;
         # the others are asked and stored directly.
         twin = f"{kind}\x1f{key}" in unit.twin_calls
-        prompt_key = prompt.cache_key(pipeline.judge.model) if twin else None
-        async with pipeline.engine.judge_slots.slot(1):
+        prompt_key = prompt.cache_key(ctx.judge.model) if twin else None
+        async with ctx.engine.judge_slots.slot(1):
             if prompt_key is not None:
-                result, stored = await pipeline._judge_once(group_pk, prompt_key, kind, call, store)
+                result, stored = await ctx.judging.once(group_pk, prompt_key, kind, call, store)
             else:
-                result = await pipeline._call_judge(group_pk, call)
+                result = await ctx.judging.call(group_pk, call)
                 stored = await store(result, False)
         return kind, key, result, stored
 
@@ -73,16 +74,16 @@ async def run_outcome_unit(pipeline: UnitHost, unit: Claimed, owner: str) -> Uni
     failed = [(key, r.failure_reason) for kind, key, r, _ in results if kind == RUBRIC and r.status == "failed"]
     if failed and params.on_judge_failure == "fail":
         key, reason = failed[0]
-        await pipeline.engine.db(
-            pipeline.fail_group, group_pk, f"rubric judgment failed (rollout {rollout.id}, rubric {key}): {reason}"
+        await ctx.engine.db(
+            ctx.fail_group, group_pk, f"rubric judgment failed (rollout {rollout.id}, rubric {key}): {reason}"
         )
         return "noop"
-    await pipeline._writer.put(Write(finish=(unit.unit_id, group_pk)))
+    await ctx.writer.put(Write(finish=(unit.unit_id, group_pk)))
     return "done"
 
 
-def _stored_calls(pipeline: UnitHost, group_pk: int, rollout_id: str) -> set[tuple[str, str]]:
-    with pipeline.db.session() as s:
+def _stored_calls(ctx: UnitContext, group_pk: int, rollout_id: str) -> set[tuple[str, str]]:
+    with ctx.db.session() as s:
         rows = s.execute(
             select(m.Judgment.kind, m.Judgment.rubric_id).where(
                 m.Judgment.group_pk == group_pk,

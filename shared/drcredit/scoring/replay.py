@@ -19,10 +19,10 @@ from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit.domain.group import GroupContent
 from drcredit.domain.params import JUDGMENT_PARAMETERS, ScoringParams
 from drcredit.domain.sensitivity import compare, worst_case
+from drcredit.scoring.aggregation import judgments_of
 from drcredit.scoring.content import outlined_content, params_of
 from drcredit.scoring.documents import require_done
 from drcredit.scoring.outcomes import group_breakdowns
-from drcredit.scoring.pipeline import judgments_of
 from drcredit.storage import models as m
 
 

@@ -2,15 +2,15 @@
 
 A unit kind (a visit chain, a snippet call, an outcome judgment) is a coroutine that
 takes a :class:`Claimed` unit, makes its judge calls and stores each answer as a
-:class:`Write` through the pipeline's batch writer, under the unit's lease.
+:class:`Write` through the batch writer, under the unit's lease (see
+:mod:`drcredit.scoring.unit_kinds`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from drcredit.domain.group import SearchResult
 from drcredit.domain.params import ScoringParams
@@ -21,6 +21,10 @@ from drcredit.storage.bulk import JudgmentRow
 #: ``lost``, the unit is no longer this delivery's (its group failed, its lease passed on).
 StoreOutcome = Literal["stored", "duplicate", "lost"]
 UnitOutcome = Literal["done", "noop", "stopped", "busy"]
+
+
+class Stopping(Exception):
+    """The process is stopping: the unit returns after its current judge call, resumable."""
 
 
 @dataclass(frozen=True)
@@ -89,34 +93,3 @@ def judgment_values(
         "attempts": [] if cached else [vars(a) for a in result.attempts],
         "created_at": datetime.now(UTC),
     }
-
-
-class UnitHost(Protocol):
-    """What a unit kind uses of the pipeline running it (drcredit.scoring.pipeline.Pipeline)."""
-
-    @property
-    def judge(self) -> Any: ...
-
-    @property
-    def engine(self) -> Any: ...
-
-    @property
-    def db(self) -> Any: ...
-
-    @property
-    def _writer(self) -> Any: ...
-
-    async def _acontent(self, group_pk: int, rollout_id: str) -> Any: ...
-
-    async def _judge_once(
-        self,
-        group_pk: int,
-        key: str,
-        kind: str,
-        call: Callable[[], Awaitable[JudgeResult[Any]]],
-        store: Callable[[JudgeResult[Any], bool], Awaitable[Any]],
-    ) -> tuple[JudgeResult[Any], Any]: ...
-
-    async def _call_judge(self, group_pk: int, call: Callable[[], Awaitable[JudgeResult[Any]]]) -> JudgeResult[Any]: ...
-
-    def fail_group(self, group_pk: int, reason: str) -> None: ...

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
+
+T = TypeVar("T")
 
 
 def dump_json(value: Any) -> str:
@@ -125,3 +129,31 @@ def is_connection_error(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return True
     return isinstance(exc, psycopg.OperationalError)
+
+
+def retry_lock_conflicts(transaction: Callable[..., T], *args: Any) -> T:
+    """Run a transaction again when the server aborted it to break a deadlock (nothing
+    of it was committed)."""
+    for attempt in Retrying(
+        stop=stop_after_attempt(8),
+        wait=wait_random(0.005, 0.05),
+        retry=retry_if_exception(is_lock_conflict),
+        reraise=True,
+    ):
+        with attempt:
+            return transaction(*args)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def rows_changed(s: Session, statement: Any) -> int:
+    """Rows an UPDATE or DELETE changed: conditional updates are how units claim transitions."""
+    return int(s.connection().execute(statement).rowcount)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def aware(value: datetime) -> datetime:
+    """A stored timestamp as UTC (SQLite hands them back without a zone)."""
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

@@ -58,7 +58,6 @@ from drcredit.trainers.scoring import (
     ScoredBatch,
     TokenRollout,
     conversation_record,
-    error_record,
     make_client,
     make_turn_record,
     plain_value,
@@ -66,8 +65,8 @@ from drcredit.trainers.scoring import (
     safe_id,
     score_token_rollouts,
     token_values,
-    tool_call_message,
 )
+from drcredit.trainers.verl_agent_loop import build_agent_loop
 
 __all__ = [
     "AGENT_LOOP_NAME",
@@ -292,76 +291,6 @@ def _question_and_rubrics(record: Mapping[str, Any], info: Any, where: str) -> t
     return question, [dict(r) for r in rubrics]
 
 
-# ----------------------------------------------------------------------------- agent loop (rollout workers)
-
-
-def _build_agent_loop() -> type:
-    tool_agent_loop = importlib.import_module("verl.experimental.agent_loop.tool_agent_loop")
-    base: Any = tool_agent_loop.ToolAgentLoop
-
-    class DrCreditToolAgentLoop(base):  # type: ignore[misc]
-        """VeRL's ``ToolAgentLoop`` that also writes the DrCredit turn record (see the module doc)."""
-
-        async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
-            # (span, position of the assistant message in agent_data.messages, or -1 for the unparsed tail)
-            self._drcredit_generations: list[tuple[tuple[int, int], int]] = []
-            self._drcredit_tail: dict[str, Any] | None = None
-            self._drcredit_data: Any = None
-            output = await super().run(sampling_params, **kwargs)
-            output.extra_fields[TURNS_KEY] = self._drcredit_record(kwargs)
-            return output
-
-        async def _handle_generating_state(
-            self, agent_data: Any, sampling_params: dict[str, Any], ignore_termination: bool = False
-        ) -> Any:
-            self._drcredit_data = agent_data
-            start, before = len(agent_data.response_mask), len(agent_data.messages)
-            state = await super()._handle_generating_state(agent_data, sampling_params, ignore_termination)
-            span = (start, len(agent_data.response_mask))
-            if len(agent_data.messages) > before:
-                self._drcredit_generations.append((span, before))
-            else:
-                # stopped by a length or turn limit before the calls were parsed: parse them here
-                active: Any = getattr(agent_data, "_active_tools", self.tools)
-                content, calls = await self.tool_parser.extract_tool_calls(
-                    agent_data.response_ids, [t.tool_schema for t in active.values()]
-                )
-                self._drcredit_tail = tool_call_message(content, calls[: self.max_parallel_calls])
-                self._drcredit_generations.append((span, -1))
-            return state
-
-        def _drcredit_record(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-            data = self._drcredit_data
-            if data is None:
-                return error_record("no generation was recorded")
-            prompt_length = len(kwargs["raw_prompt"])
-            messages = [dict(m) for m in data.messages[prompt_length:]]
-            generations: list[tuple[tuple[int, int], int | None]] = []
-            for span, position in self._drcredit_generations:
-                if position == -1:
-                    if self._drcredit_tail is None:
-                        continue
-                    messages.append(self._drcredit_tail)
-                    generations.append((span, len(messages) - 1))
-                else:
-                    generations.append((span, position - prompt_length))
-            info: Any = plain_value(kwargs.get("extra_info")) or {}
-            nested: Any = info.get("drcredit") if isinstance(info.get("drcredit"), Mapping) else {}
-            settings = DrCreditSettings.from_config(self.config.get("algorithm"))
-            rubrics = nested.get("rubrics") or info.get("rubrics")
-            return conversation_record(
-                messages,
-                generations,
-                tools=settings.tool_names,
-                question=nested.get("question") or info.get("question"),
-                rubrics=json.loads(rubrics) if isinstance(rubrics, str) else rubrics,
-            )
-
-    DrCreditToolAgentLoop.__module__ = __name__
-    DrCreditToolAgentLoop.__qualname__ = "DrCreditToolAgentLoop"
-    return DrCreditToolAgentLoop
-
-
 # ----------------------------------------------------------------------------- v1 trainers (driver)
 
 
@@ -430,7 +359,7 @@ def register() -> dict[str, Any]:
     try:
         agent_loop = importlib.import_module("verl.experimental.agent_loop.agent_loop")
         if _AGENT_LOOP is None:
-            _AGENT_LOOP = _build_agent_loop()
+            _AGENT_LOOP = build_agent_loop()
         agent_loop.register(AGENT_LOOP_NAME)(_AGENT_LOOP)
         done["agent_loop"] = _AGENT_LOOP
     except ImportError as exc:
@@ -447,7 +376,7 @@ def __getattr__(name: str) -> Any:
     global _AGENT_LOOP
     if name == "DrCreditToolAgentLoop":
         if _AGENT_LOOP is None:
-            _AGENT_LOOP = _build_agent_loop()
+            _AGENT_LOOP = build_agent_loop()
         return _AGENT_LOOP
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
