@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import signal
@@ -36,240 +35,30 @@ import psycopg
 import redis
 
 from bench.baseline import as_documents, score_step
+from bench.paths import calls_saved, critical_path_calls, naive_calls, percentile, rollout_critical_path
+from bench.platform import (
+    REDIS,
+    ROOT,
+    Proc,
+    Stack,
+    cpu_seconds,
+    fresh_database,
+    peak_rss_mb,
+    platform_env,
+    postgres_cpu,
+    start_api,
+    start_judge,
+    start_worker,
+)
+from bench.repeat import section_repeat
+from bench.repeat import table as repeat_table
 from bench.workload import make_group, make_step, with_judged_outcomes
-from drcredit.domain.credit import plan_rollout
-from drcredit.domain.group import GroupIn, VisitTurn
-
-ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN = os.environ.get("DRCREDIT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS = os.environ.get("DRCREDIT_BENCH_REDIS", "redis://127.0.0.1:6379/15")
-TICK = os.sysconf("SC_CLK_TCK")
-
+from drcredit.domain.group import GroupIn
 
 # ----------------------------------------------------------------------------- processes
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except FileNotFoundError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def postgres_cpu() -> float:
-    total = 0.0
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if (proc / "comm").read_text().strip().startswith("postgres"):
-                    total += cpu_seconds(int(proc.name))
-            except OSError:
-                continue
-    return total
-
-
-def peak_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(10)
-
-
-@dataclass
-class Stack:
-    """The judge simulator, the API and workers of one measurement."""
-
-    workdir: Path
-    procs: list[Proc] = field(default_factory=list)
-
-    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Proc:
-        log = self.workdir / f"{name}-{len(self.procs)}.log"
-        popen = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
-        proc = Proc(name, popen, log)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
-        self.procs.clear()
-
-
-def wait_http(url: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not come up")
-        time.sleep(0.1)
-
-
-def wait_log(proc: Proc, needle: bytes, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while needle not in proc.log.read_bytes():
-        if proc.popen.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.name} did not start:\n{proc.log.read_text()[-2000:]}")
-        time.sleep(0.1)
-
-
-def start_judge(stack: Stack, latency: float, sigma: float) -> str:
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "bench.judge_sim",
-        "--port",
-        str(port),
-        "--latency",
-        str(latency),
-        "--lognormal-sigma",
-        str(sigma),
-    ]
-    stack.spawn("judge", argv, dict(os.environ))
-    wait_http(f"http://127.0.0.1:{port}/stats")
-    return f"http://127.0.0.1:{port}"
-
-
-@contextmanager
-def fresh_database() -> Iterator[str]:
-    name = f"drcredit_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://") + f"/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def platform_env(judge: str, database_url: str, broker: str | None, concurrency: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
-    env.update(
-        {
-            "DRCREDIT_DATABASE_URL": database_url,
-            "DRCREDIT_JUDGE": "openai",
-            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
-            "DRCREDIT_JUDGE_MODEL": "sim",
-            "DRCREDIT_JUDGE_TIMEOUT_S": "600",
-            "DRCREDIT_JUDGE_CONCURRENCY": str(concurrency),
-            "DRCREDIT_LOG_LEVEL": "WARNING",
-            "DRCREDIT_AUTO_MIGRATE": "true",
-            "DRCREDIT_MAX_BODY_BYTES": str(1 << 30),
-            "DRCREDIT_DATABASE_POOL_SIZE": "12",
-        }
-    )
-    if broker:
-        env["DRCREDIT_BROKER_URL"] = broker
-    return env
-
-
-def start_api(stack: Stack, env: dict[str, str]) -> tuple[str, Proc]:
-    port = free_port()
-    proc = stack.spawn("api", [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)], env)
-    wait_http(f"http://127.0.0.1:{port}/healthz")
-    return f"http://127.0.0.1:{port}", proc
-
-
-def start_worker(stack: Stack, env: dict[str, str], queues: str, concurrency: int) -> Proc:
-    argv = [sys.executable, "-m", "drcredit_cli.main", "worker", "--queues", queues, "--concurrency", str(concurrency)]
-    proc = stack.spawn(f"worker-{queues}", argv, {**env, "DRCREDIT_LOG_LEVEL": "INFO"})
-    wait_log(proc, b" ready.")
-    return proc
-
-
 # ----------------------------------------------------------------------------- workload facts
-
-
-def rollout_critical_path(group: GroupIn, rollout: Any, turns: list[dict[str, Any]]) -> int:
-    """A rollout's longest chain of dependent judge calls, from its credits breakdown.
-
-    Its visit chains are as long as its judged visits (every rubric's chain has them
-    all); a snippet call that was made waits for the visits whose credit decides its
-    saturation, so its depth is the chain position of the last of them plus one.
-    """
-    plan = plan_rollout(group, rollout, group.params)
-    chain = plan.chains[0].turn_indices if plan.chains else ()
-    position = {t: k + 1 for k, t in enumerate(chain)}
-    depth = len(chain)
-    for task in plan.snippet_tasks:
-        called = any(
-            j["kind"] == "snippet" and j["status"] in ("ok", "failed") for j in turns[task.turn_index]["judgments"]
-        )
-        if called:
-            depth = max(depth, 1 + max((position.get(v, 0) for v in task.navigation_visits), default=0))
-    return depth
-
-
-def critical_path_calls(groups: list[dict[str, Any]], credits: dict[str, Any]) -> int:
-    """Longest chain of dependent judge calls in the step (see :func:`rollout_critical_path`)."""
-    longest = 0
-    for doc in groups:
-        group = GroupIn.model_validate(doc)
-        breakdown = {r["id"]: r for r in credits[doc["group_id"]]["rollouts"]}
-        for rollout in group.rollouts:
-            longest = max(longest, rollout_critical_path(group, rollout, breakdown[rollout.id]["turns"]))
-    return longest
-
-
-def naive_calls(groups: list[dict[str, Any]]) -> int:
-    """Calls with no deterministic zeros, no saturation skip and no de-duplication."""
-    total = 0
-    for doc in groups:
-        group = GroupIn.model_validate(doc)
-        positive = len(group.positive_rubrics)
-        for rollout in group.rollouts:
-            total += positive * sum(isinstance(t, VisitTurn) for t in rollout.turns)
-            total += sum(1 for t in plan_rollout(group, rollout, group.params).snippet_tasks)
-    return total
-
-
-def calls_saved(credits: dict[str, Any]) -> dict[str, int]:
-    """Judgments made without a judge call, by reason, from the credits breakdown."""
-    saved = {"deterministic_zero": 0, "saturation_skip": 0, "twin_reuse": 0}
-    for doc in credits.values():
-        for rollout in doc["rollouts"]:
-            for turn in rollout["turns"]:
-                for j in turn.get("judgments", []):
-                    if j["status"] == "deterministic":
-                        saved["deterministic_zero"] += 1
-                    elif j["status"] == "skipped":
-                        saved["saturation_skip"] += 1
-                    elif j.get("cache_hit"):
-                        saved["twin_reuse"] += 1
-    return saved
 
 
 def chain_timing(database_url: str, started_at: float, latency: float) -> dict[str, float]:
@@ -313,11 +102,6 @@ def max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
             for ta, tb in zip(ra["turns"], rb["turns"], strict=True):
                 worst = max(worst, abs(ta["advantage"] - tb["advantage"]))
     return worst
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 # ----------------------------------------------------------------------------- one step through the platform
@@ -763,6 +547,8 @@ def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None
 
 def table(results: dict[str, Any]) -> str:
     lines = []
+    if "repeat" in results:
+        lines.append(repeat_table(results["repeat"]))
     if "outcome" in results:
         o = results["outcome"]
         lines += [
@@ -860,8 +646,17 @@ def main() -> None:
     )
     parser.add_argument("--fetches", type=int, default=300)
     parser.add_argument(
-        "--sections", default="step,dispatch,streaming,calls", help="any of step, dispatch, streaming, calls, outcome"
+        "--sections",
+        default="step,dispatch,streaming,calls",
+        help="any of step, dispatch, streaming, calls, outcome, repeat",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the step this many times in a row on serve + plain workers (adds the repeat section when > 1)",
+    )
+    parser.add_argument("--plain-workers", type=int, default=2, help="repeat: plain `drcredit worker` processes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     parser.add_argument(
@@ -871,6 +666,8 @@ def main() -> None:
 
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine()}
     sections = set(args.sections.split(","))
+    if args.repeat > 1:
+        sections.add("repeat")
     if "step" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
         section_step(args, groups, results)
@@ -880,6 +677,9 @@ def main() -> None:
         section_streaming(args, results)
     if "calls" in sections:
         section_calls(args, results)
+    if "repeat" in sections:
+        groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
+        section_repeat(args, groups, results)
     if "outcome" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
         section_outcome(args, groups, results)

@@ -13,10 +13,12 @@ import drcredit
 from drcredit.scoring.events import NotificationListener
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
+from drcredit_api import analytics
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import router
 from drcredit_api.errors import install_handlers
 from drcredit_api.middleware import AccessLog, Authenticate, BodyLimit
+from drcredit_api.ui import routes as ui
 
 log = logging.getLogger("drcredit.api")
 
@@ -74,6 +76,9 @@ def create_app(
     app.state.broker_probe = broker_probe
     install_handlers(app)
     app.include_router(router)
+    app.include_router(analytics.router)
+    app.include_router(ui.router)
+    app.mount("/ui/static", ui.static, name="ui-static")
     # Added last runs first: the access log wraps authentication, which runs before the
     # body limit reads anything.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

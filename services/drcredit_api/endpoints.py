@@ -74,7 +74,7 @@ def _links(group_id: str) -> dict[str, str]:
     }
 
 
-async def _read(rt: Runtime, fn: Callable[[Any], T]) -> T:
+async def read_db(rt: Runtime, fn: Callable[[Any], T]) -> T:
     def run() -> T:
         with rt.db.session() as s:
             return fn(s)
@@ -97,14 +97,14 @@ async def _wait_until_final(rt: Runtime, statuses: Callable[[Any], dict[int, str
     def pending(current: dict[int, str]) -> list[int]:
         return [pk for pk, status in current.items() if status not in FINAL]
 
-    current = await _read(rt, statuses)
+    current = await read_db(rt, statuses)
     while pending(current) and time.monotonic() < deadline:
         with events.watching(pending(current)) as subscription:
             # Read again once subscribed: a group finished in between is seen here.
-            current = await _read(rt, statuses)
+            current = await read_db(rt, statuses)
             if pending(current):
                 await events.wait(subscription, deadline - time.monotonic())
-                current = await _read(rt, statuses)
+                current = await read_db(rt, statuses)
 
 
 # ---------------------------------------------------------------------------- ingest
@@ -131,7 +131,7 @@ async def post_rollout(group_id: str, rollout: Rollout, tenant: Tenant, rt: Runt
     def state(s: Any) -> m.Group:
         return documents.find_group(s, tenant, group_id)
 
-    row = await _read(rt, state)
+    row = await read_db(rt, state)
     return {
         "group_id": group_id,
         "rollout_id": rollout.id,
@@ -165,7 +165,7 @@ async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
 @router.get("/v1/groups/{group_id}", response_model=schemas.GroupStatus, responses=READ, tags=["results"])
 async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status and judging progress of a group."""
-    return await _read(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
+    return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
 
 
 def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], dict[int, str]]:
@@ -188,7 +188,7 @@ def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], dict[int, str
 async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """Per-turn advantages once the group is done; ``409`` with its status before that."""
     await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
-    return await _read(
+    return await read_db(
         rt, lambda s: documents.advantages_document(s, documents.find_group(s, tenant, group_id, full=True))
     )
 
@@ -197,7 +197,7 @@ async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wa
 async def get_credits(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """The breakdown behind the advantages: credit parts, judgments, support histories."""
     await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
-    return await _read(
+    return await read_db(
         rt, lambda s: documents.credits_document(s, documents.find_group(s, tenant, group_id, full=True))
     )
 
@@ -217,7 +217,7 @@ async def post_replay(group_id: str, body: schemas.ReplayRequest, tenant: Tenant
         s.add(m.Replay(group_pk=group.id, params=result["params"], result=result))
         return result
 
-    return await _read(rt, run)
+    return await read_db(rt, run)
 
 
 def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
@@ -259,7 +259,7 @@ async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
             "groups": [documents.status_document(s, g) for g in groups],
         }
 
-    return await _read(rt, run)
+    return await read_db(rt, run)
 
 
 @router.get(
@@ -287,7 +287,7 @@ async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wa
                 docs.append({"group_id": g.group_id, "status": g.status, "error": g.error})
         return {"batch_id": batch_id, "status": _batch_status(groups), "groups": docs}
 
-    return await _read(rt, run)
+    return await read_db(rt, run)
 
 
 # ---------------------------------------------------------------------------- operations
@@ -333,7 +333,7 @@ async def readyz(request: Request) -> Response:
     judges: list[dict[str, Any]] = []
     if checks["database"] == "ok" and not rt.schema_problem:
         try:
-            judges = await _read(rt, endpoint_states)
+            judges = await read_db(rt, endpoint_states)
         except Exception:  # noqa: BLE001 - the judge's state is informative only
             judges = []
     down = [j for j in judges if j["state"] == "down"]
@@ -351,7 +351,7 @@ async def prometheus_metrics(rt: RuntimeDep) -> Response:
         return dict(s.execute(select(m.Group.status, func.count()).group_by(m.Group.status)).all())
 
     try:
-        by_status = await _read(rt, counts)
+        by_status = await read_db(rt, counts)
         for status in ("queued", "running", "done", "failed"):
             metrics.GROUPS_BY_STATUS.labels(status).set(by_status.get(status, 0))
     except Exception:  # noqa: BLE001 - metrics must answer even when the database does not

@@ -17,8 +17,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("drcredit.access")
 
-#: Paths that need a tenant (every other path is operations: health, metrics, docs).
-_TENANT_PATHS = ("/v1/", "/ui")
+#: Paths that need a tenant. Every other path is operations (health, metrics, docs) or
+#: the viewer's page shells under /ui, which carry no data: their script reads /v1 with
+#: the reader's key.
+_TENANT_PATHS = ("/v1/",)
 _GROUP_IN_PATH = re.compile(r"^/v1/(groups|batches)/([^/]+)")
 
 

@@ -180,3 +180,71 @@ class ErrorBody(_Open):
 
 
 RolloutIn = Rollout
+
+
+class EvidencePoint(_Open):
+    budget: int
+    cumulative: float | None
+    rate: float | None
+    rollouts: int
+
+
+class EvidenceDocument(_Open):
+    group_id: str
+    status: str
+    points: list[EvidencePoint]
+
+
+class RunSummary(_Open):
+    run: str
+    groups: int
+    steps: int
+    first_at: str
+    last_at: str
+
+
+class RunList(_Open):
+    runs: list[RunSummary]
+
+
+class RunStep(_Open):
+    step: int | None
+    groups: int
+    groups_done: int
+    groups_failed: int
+    batches: list[str]
+    group_ids: list[str]
+    trajectories: int
+    judge_calls: dict[str, float | None]
+    failed_judgments: int
+    unscorable_turns: int
+    latency_per_trajectory_s: dict[str, float] | None
+    mean_credit: float | None
+    zero_credit_share: float | None
+    evidence: list[EvidencePoint]
+    process_advantage: dict[str, Any]
+
+
+class RunDocument(_Open):
+    run: str
+    budgets: list[int]
+    steps: list[RunStep]
+
+
+class SensitivityScenario(_Open):
+    batch_id: str | None = None
+    params: dict[str, Any]
+    exact: bool
+    bounded_turns: int
+    sensitivity: Sensitivity | None
+
+
+class NamedScenario(SensitivityScenario):
+    name: str
+
+
+class SensitivityTable(_Open):
+    batch_id: str
+    groups: int
+    groups_in_batch: int
+    scenarios: list[NamedScenario]

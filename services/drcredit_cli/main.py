@@ -29,6 +29,7 @@ from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
+from drcredit_cli.report import report as report_command
 
 app = typer.Typer(
     help=(
@@ -389,6 +390,9 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     except OperationalError as exc:
         _database_unreachable(settings, exc)
     err.print(f"database at revision {revision}")
+
+
+app.command("report")(report_command)
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from bench.judge_sim import FACT, Simulator, app, snippet_answer, visit_answer
-from bench.run import naive_calls
+from bench.paths import naive_calls
 from bench.workload import TURN_LIMIT, make_group, make_step
 
 from drcredit.domain.credit import plan_rollout

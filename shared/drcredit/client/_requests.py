@@ -91,11 +91,34 @@ def _params(params: Document | None) -> JSONDict:
     return {} if params is None else as_document(params, "params")
 
 
-def submit_group(group: Document, group_id: str | None, params: Document | None, metadata: Any) -> Call:
+def with_run(metadata: Any, run: str | None, step: int | None) -> Any:
+    """``metadata`` with the documented ``run`` and ``step`` keys set (the viewer files the
+    group under them)."""
+    if run is None and step is None:
+        return metadata
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise TypeError("metadata must be a mapping when run or step is given")
+    merged = dict(metadata or {})
+    if run is not None:
+        merged["run"] = run
+    if step is not None:
+        merged["step"] = step
+    return merged
+
+
+def submit_group(
+    group: Document,
+    group_id: str | None,
+    params: Document | None,
+    metadata: Any,
+    run: str | None = None,
+    step: int | None = None,
+) -> Call:
     doc = as_document(group, "group")
     doc["group_id"] = _pick_id(doc.get("group_id"), group_id, "group_id")
     if params is not None:
         doc["params"] = _params(params)
+    metadata = with_run(metadata if metadata is not None else doc.get("metadata"), run, step)
     if metadata is not None:
         doc["metadata"] = metadata
     return Call("POST", "/v1/groups", json=doc, retry=True)
@@ -109,7 +132,10 @@ def open_group(
     rollouts: Iterable[Document],
     params: Document | None,
     metadata: Any,
+    run: str | None = None,
+    step: int | None = None,
 ) -> Call:
+    metadata = with_run(metadata, run, step)
     doc: JSONDict = {
         "group_id": _pick_id(None, group_id, "group_id"),
         "question": question,
@@ -130,13 +156,17 @@ def add_rollout(group_id: str, rollout: Document) -> Call:
     return Call("POST", f"/v1/groups/{_segment(group_id)}/rollouts", json=doc, retry=doc.get("id") is not None)
 
 
-def submit_batch(groups: Iterable[Document], batch_id: str | None) -> Call:
+def submit_batch(
+    groups: Iterable[Document], batch_id: str | None, run: str | None = None, step: int | None = None
+) -> Call:
     """Every group gets an id before the first attempt: a retried POST is then the same
     batch of the same groups, never a second copy judged again."""
     documents = [as_document(g, "group") for g in groups]
     for doc in documents:
         if doc.get("group_id") is None:
             doc["group_id"] = new_group_id()
+        if run is not None or step is not None:
+            doc["metadata"] = with_run(doc.get("metadata"), run, step)
     return Call(
         "POST", "/v1/batches", json={"batch_id": _pick_id(None, batch_id, "batch_id"), "groups": documents}, retry=True
     )

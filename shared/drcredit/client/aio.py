@@ -99,9 +99,15 @@ class AsyncDrCreditClient:
         group_id: str | None = None,
         params: Document | None = None,
         metadata: Any = None,
+        run: str | None = None,
+        step: int | None = None,
     ) -> JSONDict:
-        """Post one rollout group; returns the 202 body (``group_id``, ``status``, ``created``)."""
-        return await self._json(rq.submit_group(group, group_id, params, metadata))
+        """Post one rollout group; returns the 202 body (``group_id``, ``status``, ``created``).
+
+        ``run`` and ``step`` file the group under a training run and step (``metadata.run``,
+        ``metadata.step``) for the viewer and the run analytics.
+        """
+        return await self._json(rq.submit_group(group, group_id, params, metadata, run, step))
 
     async def open_group(
         self,
@@ -113,19 +119,28 @@ class AsyncDrCreditClient:
         rollouts: Iterable[Document] = (),
         params: Document | None = None,
         metadata: Any = None,
+        run: str | None = None,
+        step: int | None = None,
     ) -> JSONDict:
         """Open a streaming group so judging starts while the other rollouts are generated."""
         return await self._json(
-            rq.open_group(question, rubrics, expected_rollouts, group_id, rollouts, params, metadata)
+            rq.open_group(question, rubrics, expected_rollouts, group_id, rollouts, params, metadata, run, step)
         )
 
     async def add_rollout(self, group_id: str, rollout: Document) -> JSONDict:
         """Add one rollout to an open group (idempotent on the rollout id)."""
         return await self._json(rq.add_rollout(group_id, rollout))
 
-    async def submit_batch(self, groups: Iterable[Document], *, batch_id: str | None = None) -> JSONDict:
+    async def submit_batch(
+        self,
+        groups: Iterable[Document],
+        *,
+        batch_id: str | None = None,
+        run: str | None = None,
+        step: int | None = None,
+    ) -> JSONDict:
         """Post a training step's groups in one call, stored atomically."""
-        return await self._json(rq.submit_batch(groups, batch_id))
+        return await self._json(rq.submit_batch(groups, batch_id, run, step))
 
     # ------------------------------------------------------------------------ results
 

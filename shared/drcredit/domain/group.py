@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -169,6 +169,12 @@ class GroupIn(GroupContent):
     metadata: FreeJSON = None
     expected_rollouts: int | None = Field(default=None, ge=2, le=4096)
 
+    @field_validator("metadata")
+    @classmethod
+    def _check_run(cls, metadata: Any) -> Any:
+        _raise(list(run_problems(metadata)), relative=True)
+        return metadata
+
     @field_validator("rubrics")
     @classmethod
     def _check_rubrics(cls, rubrics: list[Rubric]) -> list[Rubric]:
@@ -189,6 +195,28 @@ class GroupIn(GroupContent):
     @property
     def streaming(self) -> bool:
         return self.expected_rollouts is not None
+
+
+#: The documented keys of ``metadata`` that place a group in a training run (analytics).
+RUN_KEY, STEP_KEY = "run", "step"
+
+
+def run_problems(metadata: Any) -> Iterator[FieldError]:
+    """``metadata.run`` is a name of 1-128 characters, ``metadata.step`` an integer >= 0."""
+    if not isinstance(metadata, dict):
+        return
+    run, step = metadata.get(RUN_KEY), metadata.get(STEP_KEY)
+    if run is not None and not (isinstance(run, str) and 1 <= len(run) <= 128):
+        yield FieldError("metadata.run", f"must be a string of 1 to 128 characters, got {run!r:.60}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63):
+        yield FieldError("metadata.step", f"must be an integer >= 0, got {step!r:.60}")
+
+
+def run_and_step(metadata: Any) -> tuple[str | None, int | None]:
+    """The run and step a group's (validated) metadata places it in."""
+    if not isinstance(metadata, dict):
+        return None, None
+    return metadata.get(RUN_KEY), metadata.get(STEP_KEY)
 
 
 def _raise(problems: list[FieldError], *, relative: bool = False) -> None:

@@ -186,6 +186,10 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
         "status": group.status,
         "error": group.error,
         "params": group.params,
+        "rubrics": [
+            {"id": r["id"], "type": r.get("type"), "weight": r.get("weight"), "description": r.get("description")}
+            for r in group.rubrics
+        ],
         "rollouts": rollouts,
     }
 

@@ -24,7 +24,14 @@ from drcredit.domain.batch import BatchIn
 from drcredit.domain.credit import plan_rollout
 from drcredit.domain.dedupe import signatures, twin_turns
 from drcredit.domain.errors import FieldError, InvalidInput
-from drcredit.domain.group import GroupContent, GroupIn, Rollout, is_valid_group_id, judged_reward_given
+from drcredit.domain.group import (
+    GroupContent,
+    GroupIn,
+    Rollout,
+    is_valid_group_id,
+    judged_reward_given,
+    run_and_step,
+)
 from drcredit.domain.limits import Limits, group_limit_problems, rollout_limit_problems
 from drcredit.judges.base import Judge
 from drcredit.scoring.content import Dumped, canonical_hash, group_differences, group_hash, params_of
@@ -237,6 +244,7 @@ class Ingest:
                     )
                 return Submitted(existing.id, existing.group_id, existing.status, False)
         group_id = group.group_id or uuid.uuid4().hex
+        run, step = run_and_step(group.metadata)
         row = m.Group(
             tenant=tenant,
             group_id=group_id,
@@ -246,6 +254,8 @@ class Ingest:
             rubrics=[r.model_dump(mode="json") for r in group.rubrics],
             params=group.params.model_dump(mode="json"),
             metadata_=group.metadata,
+            run=run,
+            step=step,
             expected_rollouts=group.expected_rollouts or len(group.rollouts),
             rollouts_received=0,
             status="queued",

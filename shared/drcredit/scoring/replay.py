@@ -8,7 +8,8 @@ worse of the two extremes (no match / a match for every positive rubric).
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -18,7 +19,7 @@ from drcredit.domain.credit import Judgments, RolloutCredits, group_credits
 from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit.domain.group import GroupContent
 from drcredit.domain.params import JUDGMENT_PARAMETERS, ScoringParams
-from drcredit.domain.sensitivity import compare, worst_case
+from drcredit.domain.sensitivity import Sensitivity, compare, worst_case
 from drcredit.scoring.aggregation import judgments_of
 from drcredit.scoring.content import outlined_content, params_of
 from drcredit.scoring.documents import require_done
@@ -26,7 +27,23 @@ from drcredit.scoring.outcomes import group_breakdowns
 from drcredit.storage import models as m
 
 
-def replay(s: Session, group: m.Group, overrides: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Replayed:
+    """A group's advantages under the reference and the replay's parameters."""
+
+    params: ScoringParams
+    reference_params: ScoringParams
+    reference: GroupAdvantages
+    #: The replay with every unknown snippet judgment at no match (exact when ``bounded`` is empty).
+    low: GroupAdvantages
+    low_credits: list[RolloutCredits]
+    #: With every unknown snippet judgment at a match per positive rubric (None when exact).
+    high: GroupAdvantages | None
+    bounded: list[tuple[str, int]]
+
+
+def replay_group(s: Session, group: m.Group, overrides: dict[str, Any]) -> Replayed:
+    """Recompute a done group's advantages under ``overrides`` from its stored judgments."""
     require_done(group)
     reference_params = params_of(group)
     merged = {**reference_params.model_dump(mode="json"), **overrides}
@@ -53,21 +70,32 @@ def replay(s: Session, group: m.Group, overrides: dict[str, Any]) -> dict[str, A
     low_credits = group_credits(content, judgments, params, allow_missing_snippets=True)
     low = group_advantages(content, low_credits, params)
     bounded = [(rc.rollout_id, t.index) for rc in low_credits for t in rc.turns if t.bounded]
-    if bounded:
-        high = _high_scenario(content, judgments, params, bounded)
-        sensitivity = worst_case([compare([reference], [low]), compare([reference], [high])])
-    else:
-        sensitivity = compare([reference], [low])
+    high = _high_scenario(content, judgments, params, bounded) if bounded else None
+    return Replayed(params, reference_params, reference, low, low_credits, high, bounded)
+
+
+def pooled_sensitivity(replays: Sequence[Replayed]) -> Sensitivity:
+    """SPEC section 10 over several groups' corresponding turns; with any bounded turn,
+    the worse of the low and high scenarios (a bound, not an exact figure)."""
+    references = [r.reference for r in replays]
+    low = compare(references, [r.low for r in replays])
+    if not any(r.bounded for r in replays):
+        return low
+    return worst_case([low, compare(references, [r.high or r.low for r in replays])])
+
+
+def replay(s: Session, group: m.Group, overrides: dict[str, Any]) -> dict[str, Any]:
+    replayed = replay_group(s, group, overrides)
     return {
         "group_id": group.group_id,
         "status": "done",
-        "params": params.model_dump(mode="json"),
-        "reference_params": reference_params.model_dump(mode="json"),
-        "exact": not bounded,
-        "bounded_turns": [{"rollout_id": r, "index": i} for r, i in bounded],
-        "stats": _stats(low),
-        "rollouts": _rollouts(low, low_credits),
-        "sensitivity": asdict(sensitivity),
+        "params": replayed.params.model_dump(mode="json"),
+        "reference_params": replayed.reference_params.model_dump(mode="json"),
+        "exact": not replayed.bounded,
+        "bounded_turns": [{"rollout_id": r, "index": i} for r, i in replayed.bounded],
+        "stats": _stats(replayed.low),
+        "rollouts": _rollouts(replayed.low, replayed.low_credits),
+        "sensitivity": asdict(pooled_sensitivity([replayed])),
     }
 
 

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -72,6 +73,7 @@ class Group(Base):
         UniqueConstraint("tenant", "group_id"),
         Index("ix_groups_status", "status"),
         Index("ix_groups_batch", "batch_pk"),
+        Index("ix_groups_tenant_run_step", "tenant", "run", "step"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -84,6 +86,9 @@ class Group(Base):
     rubrics: Mapped[list[Any]] = mapped_column(JSON)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     metadata_: Mapped[Any] = mapped_column("metadata", JSON, nullable=True)
+    #: ``metadata.run`` and ``metadata.step``: the training run and step the group belongs to.
+    run: Mapped[str | None] = mapped_column(String(128))
+    step: Mapped[int | None] = mapped_column(BigInteger)
     expected_rollouts: Mapped[int] = mapped_column(Integer)
     rollouts_received: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), default="queued")

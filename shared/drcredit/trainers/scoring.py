@@ -44,6 +44,14 @@ class DrCreditSettings:
     id_prefix: str = ""
     params: Mapping[str, Any] | None = None
     tool_names: ToolNames = field(default_factory=ToolNames)
+    #: The training run the groups belong to (``metadata.run``, for the viewer and analytics).
+    run: str | None = None
+
+    def metadata(self, step: int | None) -> dict[str, Any] | None:
+        """``metadata.run`` and ``metadata.step`` of this step's groups (None without a run)."""
+        if not self.run:
+            return None
+        return {"run": self.run} if step is None else {"run": self.run, "step": int(step)}
 
     @classmethod
     def from_config(cls, config: Any = None) -> DrCreditSettings:
@@ -54,17 +62,20 @@ class DrCreditSettings:
         long a training step waits for its batch), ``id_prefix`` (else ``$DRCREDIT_ID_PREFIX``:
         prepended to group and batch ids, e.g. the run name), ``params`` (SPEC section 7
         overrides for every group), ``search_tools`` / ``visit_tools`` (tool names, for the
-        agent loop's conversion).
+        agent loop's conversion), ``run`` (else ``$DRCREDIT_RUN``, else ``id_prefix`` without
+        its trailing separator: the run the groups are filed under, with the trainer's step).
         """
         section = _section(config)
         defaults = ToolNames()
         timeout = section.get("timeout_s", os.environ.get("DRCREDIT_WAIT_TIMEOUT_S"))
         params = section.get("params")
+        prefix = str(section.get("id_prefix") or os.environ.get("DRCREDIT_ID_PREFIX") or "")
         return cls(
             base_url=_opt_str(section.get("base_url")) or os.environ.get("DRCREDIT_URL") or None,
             api_key=_opt_str(section.get("api_key")) or os.environ.get("DRCREDIT_API_KEY") or None,
             timeout_s=float(timeout) if timeout not in (None, "") else 1800.0,
-            id_prefix=str(section.get("id_prefix") or os.environ.get("DRCREDIT_ID_PREFIX") or ""),
+            id_prefix=prefix,
+            run=(_opt_str(section.get("run")) or os.environ.get("DRCREDIT_RUN") or prefix.rstrip("-_.:") or None),
             params=plain_value(params) if params is not None else None,
             tool_names=ToolNames(
                 search=tuple(plain_value(section.get("search_tools")) or defaults.search),

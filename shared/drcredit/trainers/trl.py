@@ -266,6 +266,7 @@ def _build_trainer() -> type:
                     timeout_s=self.drcredit.timeout_s,
                     id_prefix=self.drcredit.id_prefix,
                     params=self.drcredit.params,
+                    metadata=self.drcredit.metadata(int(self.state.global_step)),
                 )
             finally:
                 if own:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
+import itertools
 import json
 import math
 import os
@@ -194,12 +195,23 @@ def compute_drcredit_advantage(
         rewards,
         settings or DrCreditSettings.from_config(config),
         client,
+        _global_step(data),
     )
     _leave_out(mask, keep)
     advantages = torch.as_tensor(values, dtype=torch.float32, device=mask.device) * mask.to(torch.float32)
     data.batch["advantages"] = advantages
     data.batch["returns"] = advantages.clone()
     return data
+
+
+#: The step of a batch scored without VeRL's ``global_steps``: this process's count.
+_BATCHES_SCORED = itertools.count()
+
+
+def _global_step(data: Any) -> int | None:
+    """VeRL's training step, from the batch's ``meta_info`` when it carries one."""
+    step = (getattr(data, "meta_info", None) or {}).get("global_steps")
+    return int(step) if isinstance(step, (int, np.integer)) else None
 
 
 def _verl_advantages(
@@ -209,6 +221,7 @@ def _verl_advantages(
     rewards: npt.NDArray[Any],
     settings: DrCreditSettings,
     client: Any,
+    step: int | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_] | None]:
     """Per-token advantages, and the policy tokens to keep in the loss (None: all of them)."""
     mask = np.asarray(response_mask.detach().cpu().numpy() if hasattr(response_mask, "detach") else response_mask)
@@ -219,7 +232,12 @@ def _verl_advantages(
     client = make_client(settings) if own else client
     try:
         scored = score_token_rollouts(
-            rows, client=client, timeout_s=settings.timeout_s, id_prefix=settings.id_prefix, params=settings.params
+            rows,
+            client=client,
+            timeout_s=settings.timeout_s,
+            id_prefix=settings.id_prefix,
+            params=settings.params,
+            metadata=settings.metadata(step if step is not None else next(_BATCHES_SCORED)),
         )
     finally:
         if own:

@@ -1,0 +1,164 @@
+"""The default step run again and again, as a new operator runs the platform (issue 15).
+
+    python -m bench.run --sections repeat --repeat 10
+
+The platform is started once the way the README tells a newcomer: ``drcredit serve`` and
+two ``drcredit worker`` processes with no flags, on Postgres and Redis, against the
+simulated judge. Then the step is posted ``--repeat`` times in a row (fresh ids each
+time, as consecutive training steps), and after each run the in-trainer asyncio
+baseline scores the same step against the same judge. Every run reports its wall time
+against the critical-path bound and against that run's baseline, plus where the tail
+went: when each group was done (``groups.finished_at``) and how long the client waited
+after the last one. The summary gives the median, p90 and max of each ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+import redis
+
+from bench.baseline import score_step
+from bench.paths import critical_path_calls, percentile
+from bench.platform import REDIS, Proc, Stack, free_port, fresh_database, start_judge, wait_http, wait_log
+
+
+def plain_env(judge: str, database_url: str) -> dict[str, str]:
+    """Only what the README's distributed set-up asks for: database, broker, judge."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
+    env.update(
+        {
+            "DRCREDIT_DATABASE_URL": database_url,
+            "DRCREDIT_BROKER_URL": REDIS,
+            "DRCREDIT_JUDGE": "openai",
+            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
+            "DRCREDIT_JUDGE_MODEL": "sim",
+        }
+    )
+    return env
+
+
+def start_plain(stack: Stack, env: dict[str, str], workers: int) -> tuple[str, list[Proc]]:
+    port = free_port()
+    api = stack.spawn("api", [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)], env)
+    wait_http(f"http://127.0.0.1:{port}/healthz")
+    procs = [api]
+    for _ in range(workers):
+        worker = stack.spawn("worker", [sys.executable, "-m", "drcredit_cli.main", "worker"], env)
+        wait_log(worker, b" ready.")
+        procs.append(worker)
+    return f"http://127.0.0.1:{port}", procs
+
+
+def renamed(groups: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
+    return [{**g, "group_id": f"{g['group_id']}-{suffix}"} for g in groups]
+
+
+def one_run(api: str, groups: list[dict[str, Any]], database_url: str) -> dict[str, Any]:
+    """POST the step as one batch, long-poll its advantages; read the groups' finish times."""
+    batch_id = f"rep-{uuid.uuid4().hex[:8]}"
+    body = orjson.dumps({"batch_id": batch_id, "groups": groups})
+    with httpx.Client(timeout=600) as client:
+        posted_at = time.time()
+        started = time.perf_counter()
+        client.post(f"{api}/v1/batches", content=body, headers={"content-type": "application/json"}).raise_for_status()
+        polls = 0
+        while True:
+            polls += 1
+            r = client.get(f"{api}/v1/batches/{batch_id}/advantages", params={"wait": 60})
+            if r.status_code == 200:
+                break
+        wall = time.perf_counter() - started
+        received_at = time.time()
+        credits = {g["group_id"]: client.get(f"{api}/v1/groups/{g['group_id']}/credits").json() for g in groups}
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        rows = conn.execute(
+            "SELECT g.group_id, extract(epoch FROM g.created_at), extract(epoch FROM g.finished_at)"
+            " FROM groups AS g JOIN batches AS b ON g.batch_pk = b.id WHERE b.batch_id = %s",
+            (batch_id,),
+        ).fetchall()
+    done = sorted(float(f) - posted_at for _, _, f in rows)
+    stored = sorted(float(c) - posted_at for _, c, _ in rows)
+    return {
+        "wall_s": wall,
+        "credits": credits,
+        "polls": polls,
+        "last_group_stored_s": stored[-1],
+        "groups_done_s": {"p50": percentile(done, 0.5), "p90": percentile(done, 0.9), "last": done[-1]},
+        "client_after_last_done_s": (received_at - posted_at) - done[-1],
+    }
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "p90": percentile(values, 0.9), "max": max(values)}
+
+
+def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(Path(tmp))
+        try:
+            judge = start_judge(stack, args.latency, args.sigma)
+            redis.Redis.from_url(REDIS).flushdb()
+            with fresh_database() as db:
+                api, _ = start_plain(stack, plain_env(judge, db), args.plain_workers)
+                for k in range(args.repeat):
+                    step = renamed(groups, f"r{k}")
+                    httpx.post(f"{judge}/reset")
+                    run = one_run(api, step, db)
+                    calls = httpx.get(f"{judge}/stats").json()["requests"]
+                    bound = critical_path_calls(step, run.pop("credits")) * args.latency
+                    httpx.post(f"{judge}/reset")
+                    started = time.perf_counter()
+                    asyncio.run(score_step(f"{judge}/v1", "sim", step, args.baseline_concurrency))
+                    baseline = time.perf_counter() - started
+                    run.update(
+                        bound_s=bound,
+                        judge_calls=calls,
+                        ratio_to_bound=run["wall_s"] / bound,
+                        baseline_s=baseline,
+                        ratio_to_baseline=run["wall_s"] / baseline,
+                    )
+                    runs.append(run)
+                    print(
+                        f"run {k + 1}/{args.repeat}: {run['wall_s']:.2f} s = {run['ratio_to_bound']:.2f}x bound"
+                        f" ({bound:.0f} s), {run['ratio_to_baseline']:.2f}x baseline ({baseline:.2f} s);"
+                        f" groups done p50 {run['groups_done_s']['p50']:.2f} s, last {run['groups_done_s']['last']:.2f} s;"
+                        f" client {run['client_after_last_done_s'] * 1000:.0f} ms after the last",
+                        flush=True,
+                    )
+        finally:
+            stack.stop()
+    results["repeat"] = {
+        "runs": runs,
+        "plain_workers": args.plain_workers,
+        "ratio_to_bound": summary([r["ratio_to_bound"] for r in runs]),
+        "ratio_to_baseline": summary([r["ratio_to_baseline"] for r in runs]),
+        "client_after_last_done_ms": summary([1000 * r["client_after_last_done_s"] for r in runs]),
+    }
+
+
+def table(rep: dict[str, Any]) -> str:
+    def line(name: str, s: dict[str, float], unit: str = "x") -> str:
+        return f"  {name:<26} median {s['median']:.2f}{unit}, p90 {s['p90']:.2f}{unit}, max {s['max']:.2f}{unit}"
+
+    return "\n".join(
+        [
+            f"repeated step ({len(rep['runs'])} runs, serve + {rep['plain_workers']} plain workers)",
+            line("wall / critical-path bound", rep["ratio_to_bound"]),
+            line("wall / in-trainer baseline", rep["ratio_to_baseline"]),
+            line("client after last group", rep["client_after_last_done_ms"], " ms"),
+        ]
+    )

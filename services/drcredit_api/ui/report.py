@@ -1,0 +1,87 @@
+"""The data of one viewer page, gathered for ``drcredit report``: from a running service
+(over its ``/v1`` API, with the caller's key) or from a database directly (the embedded
+SQLite file, or any ``DRCREDIT_DATABASE_URL``). Either way the page is keyed by the same
+API paths, so the report shows what the viewer would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from drcredit.analytics.evidence import evidence_document
+from drcredit.analytics.runs import run_document
+from drcredit.analytics.sensitivity import batch_sensitivity
+from drcredit.domain.evidence import DEFAULT_BUDGETS
+from drcredit.scoring import documents
+from drcredit.storage.database import Database
+from drcredit_api.ui.pages import render
+
+#: Batches of a run whose sensitivity table a report includes (the latest ones).
+REPORT_BATCHES = 20
+
+Fetch = Callable[[str], dict[str, Any]]
+
+
+def _q(value: str) -> str:
+    # As the viewer's encodeURIComponent.
+    return quote(value, safe="-_.!~*'()")
+
+
+def page_paths(kind: str, name: str) -> list[str]:
+    if kind == "group":
+        base = f"/v1/groups/{_q(name)}"
+        return [f"{base}/advantages", f"{base}/credits", f"{base}/evidence"]
+    return [f"/v1/runs/{_q(name)}"]
+
+
+def collect(kind: str, name: str, fetch: Fetch) -> dict[str, Any]:
+    data = {path: fetch(path) for path in page_paths(kind, name)}
+    if kind == "run":
+        batches = [b for step in data[f"/v1/runs/{_q(name)}"]["steps"] for b in step["batches"]]
+        for batch in list(dict.fromkeys(batches))[-REPORT_BATCHES:]:
+            path = f"/v1/batches/{_q(batch)}/sensitivity"
+            data[path] = fetch(path)
+    return data
+
+
+def remote_fetch(client: httpx.Client) -> Fetch:
+    def fetch(path: str) -> dict[str, Any]:
+        r = client.get(path)
+        if r.status_code != 200:
+            try:
+                message = r.json().get("message", r.text)
+            except ValueError:
+                message = r.text
+            raise LookupError(f"{path}: HTTP {r.status_code}: {message}")
+        body: dict[str, Any] = r.json()
+        return body
+
+    return fetch
+
+
+def database_fetch(db: Database, tenant: str, kind: str, name: str) -> Fetch:
+    """The documents the endpoints would answer, read from the database directly."""
+
+    def fetch(path: str) -> dict[str, Any]:
+        with db.session() as s:
+            if path.endswith("/advantages"):
+                return documents.advantages_document(s, documents.find_group(s, tenant, name, full=True))
+            if path.endswith("/credits"):
+                return documents.credits_document(s, documents.find_group(s, tenant, name, full=True))
+            if path.endswith("/evidence"):
+                return evidence_document(s, documents.find_group(s, tenant, name), DEFAULT_BUDGETS)
+            if path.endswith("/sensitivity"):
+                batch_id = path.split("/")[3]
+                from urllib.parse import unquote
+
+                return batch_sensitivity(s, documents.find_batch(s, tenant, unquote(batch_id)))
+            return run_document(s, tenant, name, DEFAULT_BUDGETS)
+
+    return fetch
+
+
+def report_html(kind: str, name: str, fetch: Fetch) -> str:
+    return render(kind, {kind: name}, data=collect(kind, name, fetch))

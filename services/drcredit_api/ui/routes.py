@@ -1,0 +1,34 @@
+"""The ``/ui`` routes: page shells and their assets. No data is served here; the pages
+read the ``/v1`` endpoints with the reader's key, so tenant scoping is the API's own."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from drcredit_api.ui.pages import STATIC, plotly_js, render
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+static = StaticFiles(directory=STATIC)
+
+
+@router.get("", response_class=HTMLResponse)
+@router.get("/", response_class=HTMLResponse)
+async def index() -> str:
+    return render("index", {})
+
+
+@router.get("/groups/{group_id}", response_class=HTMLResponse)
+async def group_page(group_id: str) -> str:
+    return render("group", {"group": group_id})
+
+
+@router.get("/runs/{run}", response_class=HTMLResponse)
+async def run_page(run: str) -> str:
+    return render("run", {"run": run})
+
+
+@router.get("/static/plotly.min.js")
+async def plotly() -> FileResponse:
+    return FileResponse(plotly_js(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})

@@ -1,0 +1,59 @@
+"""``drcredit report``: one group or one run as a self-contained HTML file for sharing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import httpx
+import typer
+from rich.console import Console
+from sqlalchemy.exc import OperationalError
+
+from drcredit.scoring.errors import NotFound, NotReady
+from drcredit.settings import Settings
+
+err = Console(stderr=True)
+
+
+def report(
+    kind: Annotated[str, typer.Argument(help="What to show: group or run.", metavar="group|run")],
+    name: Annotated[str, typer.Argument(help="The group id or the run name.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")] = Path("report.html"),
+    url: Annotated[
+        str | None,
+        typer.Option(help="Read from this service (key: $DRCREDIT_API_KEY) instead of the database."),
+    ] = None,
+    tenant: Annotated[str, typer.Option(help="Tenant whose data to read from the database.")] = "public",
+) -> None:
+    """Write the viewer's page of a GROUP or a RUN as one HTML file (charts included)."""
+    from drcredit_api.ui.report import database_fetch, remote_fetch, report_html
+
+    if kind not in ("group", "run"):
+        _fail(f"KIND must be group or run, got {kind!r}")
+    try:
+        if url:
+            key = os.environ.get("DRCREDIT_API_KEY")
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=120) as client:
+                html = report_html(kind, name, remote_fetch(client))
+        else:
+            from drcredit.storage.database import Database
+
+            db = Database(Settings().resolved_database_url, 2)
+            try:
+                html = report_html(kind, name, database_fetch(db, tenant, kind, name))
+            finally:
+                db.dispose()
+    except (LookupError, NotFound, NotReady) as exc:
+        _fail(str(exc))
+    except (httpx.HTTPError, OperationalError) as exc:
+        _fail(f"cannot read the {kind}: {str(exc).splitlines()[0]}", 3)
+    output.write_text(html)
+    err.print(f"wrote {output} ({len(html) // 1024} KiB)")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code=code)

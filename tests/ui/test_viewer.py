@@ -1,0 +1,233 @@
+"""The credit viewer in a real browser (Debian's headless Chromium driven by Playwright),
+against a running service on Postgres with scored groups: every number a page shows is
+checked against what the JSON endpoints answer. Screenshots go to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from drcredit_api.app import create_app
+from tests.support.api import settings_for
+from tests.support.builders import group_doc
+from tests.support.infra import postgres_database
+from tests.support.judge_server import marker_script, running_judge
+from tests.support.live import serving
+from tests.support.scenarios import RUBRICS, hand_worked_group, rollout_a, rollout_b
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+K1, K2 = "k1", "k2"
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[dict[str, str]]:
+    with running_judge(marker_script) as judge, postgres_database() as db:
+        app = create_app(settings_for(db, judge.url, api_keys=f"t1:{K1},t2:{K2}"))
+        with serving(app) as url:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {K1}"}, timeout=60) as c:
+                swapped = group_doc(
+                    {**rollout_a(), "outcome_reward": 0.0}, {**rollout_b(), "outcome_reward": 1.0}, rubrics=RUBRICS
+                )
+                step1 = {"run": "exp", "step": 1}
+                body = {
+                    "batch_id": "b1",
+                    "groups": [
+                        hand_worked_group(group_id="g1", metadata=step1),
+                        {**swapped, "group_id": "g2", "metadata": step1},
+                    ],
+                }
+                assert c.post("/v1/batches", json=body).status_code == 202
+                g3 = hand_worked_group(group_id="g3", metadata={"run": "exp", "step": 2})
+                assert c.post("/v1/groups", json=g3).status_code == 202
+                assert c.get("/v1/batches/b1/advantages", params={"wait": 60}).status_code == 200
+                assert c.get("/v1/groups/g3/advantages", params={"wait": 60}).status_code == 200
+            yield {"url": url, "db": db}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), "Chromium is needed for the viewer tests (scripts/test installs it)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    p = context.new_page()
+    yield p
+    context.close()
+
+
+def api(service: dict[str, str], path: str, key: str = K1) -> Any:
+    r = httpx.get(service["url"] + path, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def use_key(page: Page, url: str, key: str) -> None:
+    page.goto(url + "/ui")
+    page.fill("#key-input", key)
+    page.click("#key-form button")
+    page.wait_for_selector("body[data-ready]")
+
+
+def ready(page: Page) -> None:
+    page.wait_for_selector("body[data-ready]")
+    assert page.get_attribute("body", "data-ready") == "true", page.inner_text("#problem")
+
+
+def test_group_page_shows_the_documents_values(service: dict[str, str], page: Page) -> None:
+    use_key(page, service["url"], K1)
+    page.goto(service["url"] + "/ui/groups/g1")
+    ready(page)
+    adv = api(service, "/v1/groups/g1/advantages")
+    credits = api(service, "/v1/groups/g1/credits")
+    for ra, rc in zip(adv["rollouts"], credits["rollouts"], strict=True):
+        outcome = page.locator(f'.cell.outcome[data-rollout="{ra["id"]}"]')
+        assert float(outcome.get_attribute("data-advantage") or "nan") == pytest.approx(ra["outcome_advantage"])
+        for t in ra["turns"]:
+            cell = page.locator(f'.cell[data-rollout="{ra["id"]}"][data-turn="{t["index"]}"]')
+            assert float(cell.get_attribute("data-advantage") or "nan") == pytest.approx(t["advantage"])
+            assert f"{t['advantage']:.2f}" in cell.inner_text()
+        # one track per positive rubric (R1, R2; not the penalty P), darkening with the history
+        for rubric in ("R1", "R2"):
+            points = rc["support_histories"].get(rubric, [])
+            ticks = page.locator(f'.track[data-rollout="{ra["id"]}"][data-rubric="{rubric}"] .tick')
+            assert ticks.count() == len(ra["turns"])
+            for t in ra["turns"]:
+                want = sum(1 for p in points if p["turn_index"] <= t["index"])
+                assert ticks.nth(t["index"]).get_attribute("data-support") == str(want)
+        assert page.locator(f'.track[data-rollout="{ra["id"]}"][data-rubric="P"]').count() == 0
+    # rollout a, turn 1: the visit judged R1 level 2 and R2 level 1 (tests/support/scenarios.py)
+    page.click('.cell[data-rollout="a"][data-turn="1"]')
+    details = page.locator("#details")
+    visit = credits["rollouts"][0]["turns"][1]["judgments"]
+    for j in visit:
+        expect(details).to_contain_text(f"rubric {j['rubric_id']} · level {j['level']}")
+        for point in j["support_points"]:
+            expect(details).to_contain_text(point)
+    # rollout a, turn 0: the search's accepted snippet match with its quote
+    page.click('.cell[data-rollout="a"][data-turn="0"]')
+    snippet = next(j for j in credits["rollouts"][0]["turns"][0]["judgments"] if j["kind"] == "snippet")
+    expect(details).to_contain_text(snippet["matches"][0]["evidence_quote"])
+    # the evidence chart plots the evidence endpoint's C(b) and U(b)
+    evidence = api(service, "/v1/groups/g1/evidence")["points"]
+    traces = page.evaluate("() => document.getElementById('evidence-chart').data.map(t => [t.x, t.y])")
+    assert traces[0] == [[p["budget"] for p in evidence], [p["cumulative"] for p in evidence]]
+    assert traces[1][1] == [p["rate"] for p in evidence]
+    shot(page, "group-g1")
+
+
+def test_group_page_is_keyboard_navigable(service: dict[str, str], page: Page) -> None:
+    use_key(page, service["url"], K1)
+    page.goto(service["url"] + "/ui/groups/g1")
+    ready(page)
+    page.focus('.cell[data-rollout="a"][data-kind="outcome"]')
+    page.keyboard.press("ArrowRight")
+    assert page.evaluate("() => document.activeElement.dataset.turn") == "0"
+    page.keyboard.press("ArrowDown")
+    assert page.evaluate("() => document.activeElement.dataset.rollout") == "b"
+    page.keyboard.press("Enter")
+    expect(page.locator("#details")).to_contain_text("rollout b, turn 0 (visit)")
+    assert page.get_attribute('.cell[data-rollout="b"][data-turn="0"]', "aria-pressed") == "true"
+
+
+def test_run_page_charts_and_sensitivity_table(service: dict[str, str], page: Page) -> None:
+    use_key(page, service["url"], K1)
+    page.goto(service["url"] + "/ui")
+    page.click("text=exp")
+    ready(page)
+    run = api(service, "/v1/runs/exp")
+    calls = page.evaluate("() => document.getElementById('chart-calls').data[0].y")
+    assert calls == [s["judge_calls"]["process_per_trajectory"] for s in run["steps"]]
+    credit = page.evaluate("() => document.getElementById('chart-credit').data.map(t => t.y)")
+    assert credit == [[s["mean_credit"] for s in run["steps"]], [s["zero_credit_share"] for s in run["steps"]]]
+    heat = page.evaluate("() => document.getElementById('chart-advantage').data[0].z")
+    assert [[row[k] for row in heat] for k in range(len(run["steps"]))] == [
+        s["process_advantage"]["counts"] for s in run["steps"]
+    ]
+    cb = page.evaluate("() => document.getElementById('chart-cb').data.map(t => t.y)")
+    assert cb == [[p["cumulative"] for p in s["evidence"]] for s in (run["steps"][0], run["steps"][-1])]
+    table = api(service, "/v1/batches/b1/sensitivity")
+    rows = page.locator("#sensitivity tbody tr")
+    expect(rows).to_have_count(len(table["scenarios"]))
+    for k, scenario in enumerate(table["scenarios"]):
+        cells = rows.nth(k).locator("td").all_inner_texts()
+        s = scenario["sensitivity"]
+        bound = "" if scenario["exact"] else "≤"
+        assert cells[0] == scenario["name"] and cells[1] == f"{bound}{s['wasserstein_1']:.3f}"
+        assert cells[3].endswith(f"{100 * s['process_sign_agreement']:.1f}%")
+    shot(page, "run-exp")
+    page.click('#steps a:text("g3")')
+    ready(page)
+    assert page.url.endswith("/ui/groups/g3")
+
+
+def test_another_tenant_sees_nothing(service: dict[str, str], page: Page) -> None:
+    use_key(page, service["url"], K2)
+    expect(page.locator("#runs tbody")).to_contain_text("no runs yet")
+    page.goto(service["url"] + "/ui/runs/exp")
+    page.wait_for_selector("body[data-ready]")
+    expect(page.locator("#problem")).to_contain_text("not found")
+    page.goto(service["url"] + "/ui/groups/g1")
+    page.wait_for_selector("body[data-ready]")
+    expect(page.locator("#problem")).to_contain_text("not found")
+    assert page.locator(".cell").count() == 0
+    shot(page, "wrong-tenant")
+
+
+def test_without_a_key_the_page_asks_for_one(service: dict[str, str], page: Page) -> None:
+    page.goto(service["url"] + "/ui/groups/g1")
+    page.wait_for_selector("body[data-ready]")
+    expect(page.locator("#problem")).to_contain_text("needs an API key")
+
+
+def test_report_is_one_file_that_shows_the_same(service: dict[str, str], page: Page, tmp_path: Path) -> None:
+    out = tmp_path / "g1.html"
+    env = {**os.environ, "DRCREDIT_API_KEY": K1}
+    cli = [sys.executable, "-m", "drcredit_cli.main", "report"]
+    done = subprocess.run([*cli, "group", "g1", "-o", str(out), "--url", service["url"]], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    html = out.read_text()
+    assert "<script src=" not in html and "https://" not in html.split("window.DRCREDIT_DATA")[0]
+    page.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
+    page.goto(out.as_uri())
+    ready(page)
+    adv = api(service, "/v1/groups/g1/advantages")
+    for ra in adv["rollouts"]:
+        for t in ra["turns"]:
+            cell = page.locator(f'.cell[data-rollout="{ra["id"]}"][data-turn="{t["index"]}"]')
+            assert float(cell.get_attribute("data-advantage") or "nan") == pytest.approx(t["advantage"])
+    # From the database directly (no service), as the embedded mode's user would.
+    run_out = tmp_path / "exp.html"
+    env = {**os.environ, "DRCREDIT_DATABASE_URL": service["db"]}
+    done = subprocess.run([*cli, "run", "exp", "-o", str(run_out), "--tenant", "t1"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    page.goto(run_out.as_uri())
+    ready(page)
+    run = api(service, "/v1/runs/exp")
+    calls = page.evaluate("() => document.getElementById('chart-calls').data[0].y")
+    assert calls == [s["judge_calls"]["process_per_trajectory"] for s in run["steps"]]
+    assert not math.isnan(float(page.locator("#sensitivity tbody tr").count()))
+    expect(page.locator("#sensitivity tbody tr")).to_have_count(7)
+    shot(page, "report-run-exp")
