@@ -35,6 +35,8 @@ import psycopg
 import redis
 
 from bench.baseline import as_documents, score_step
+from bench.longpoll import section_longpoll
+from bench.longpoll import table as longpoll_table
 from bench.paths import calls_saved, critical_path_calls, naive_calls, percentile, rollout_critical_path
 from bench.platform import (
     REDIS,
@@ -549,6 +551,8 @@ def table(results: dict[str, Any]) -> str:
     lines = []
     if "repeat" in results:
         lines.append(repeat_table(results["repeat"]))
+    if "longpoll" in results:
+        lines.append(longpoll_table(results["longpoll"]))
     if "outcome" in results:
         o = results["outcome"]
         lines += [
@@ -648,7 +652,7 @@ def main() -> None:
     parser.add_argument(
         "--sections",
         default="step,dispatch,streaming,calls",
-        help="any of step, dispatch, streaming, calls, outcome, repeat",
+        help="any of step, dispatch, streaming, calls, outcome, repeat, longpoll",
     )
     parser.add_argument(
         "--repeat",
@@ -657,6 +661,8 @@ def main() -> None:
         help="run the step this many times in a row on serve + plain workers (adds the repeat section when > 1)",
     )
     parser.add_argument("--plain-workers", type=int, default=2, help="repeat: plain `drcredit worker` processes")
+    parser.add_argument("--longpoll-groups", type=int, default=200, help="longpoll: groups long-polled one each")
+    parser.add_argument("--longpoll-latency", type=float, default=0.2, help="longpoll: median judge latency (s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     parser.add_argument(
@@ -677,6 +683,8 @@ def main() -> None:
         section_streaming(args, results)
     if "calls" in sections:
         section_calls(args, results)
+    if "longpoll" in sections:
+        section_longpoll(args, results)
     if "repeat" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
         section_repeat(args, groups, results)

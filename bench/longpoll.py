@@ -1,0 +1,133 @@
+"""How soon a finished group reaches a client that long-polls it (issue 15, item 3).
+
+    python -m bench.run --sections longpoll [--longpoll-groups 200]
+
+Small groups are posted one after another against a fast simulated judge while a client
+thread per group long-polls ``/v1/groups/{id}/advantages?wait=60``. For every group the
+latency is the client's receipt time minus ``groups.finished_at``, which aggregation
+stamps before it stores the results and commits: an upper bound on commit-to-answer.
+Measured in distributed mode (API + a plain worker, Postgres, Redis: the answer travels
+by ``NOTIFY``) and in embedded mode (one process, SQLite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import redis
+
+from bench.paths import percentile
+from bench.platform import REDIS, Stack, free_port, fresh_database, start_judge, wait_http, wait_log
+from bench.workload import make_group
+
+
+def _env(judge: str, database_url: str, broker: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
+    env.update(
+        {
+            "DRCREDIT_DATABASE_URL": database_url,
+            "DRCREDIT_JUDGE": "openai",
+            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
+            "DRCREDIT_JUDGE_MODEL": "sim",
+            "DRCREDIT_LOG_LEVEL": "WARNING",
+        }
+    )
+    if broker:
+        env["DRCREDIT_BROKER_URL"] = broker
+    return env
+
+
+def _finished_at(database_url: str, group_ids: list[str]) -> dict[str, float]:
+    query = "SELECT group_id, finished_at FROM groups WHERE group_id = ANY(%s)"
+    if database_url.startswith("sqlite"):
+        with sqlite3.connect(database_url.removeprefix("sqlite:///")) as conn:
+            rows = conn.execute(
+                f"SELECT group_id, finished_at FROM groups WHERE group_id IN ({','.join('?' * len(group_ids))})",
+                group_ids,
+            ).fetchall()
+        from datetime import UTC, datetime
+
+        return {g: datetime.fromisoformat(f).replace(tzinfo=UTC).timestamp() for g, f in rows}
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        return {g: f.timestamp() for g, f in conn.execute(query, (group_ids,)).fetchall()}
+
+
+def _measure(api: str, database_url: str, n: int, spacing_s: float) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    docs = [make_group(7000 + i, f"lp-{tag}-{i}", rollouts=2) for i in range(n)]
+    received: dict[str, float] = {}
+
+    def wait_for(group_id: str) -> None:
+        with httpx.Client(timeout=120) as client:
+            while True:
+                r = client.get(f"{api}/v1/groups/{group_id}/advantages", params={"wait": 60})
+                if r.status_code == 200:
+                    received[group_id] = time.time()
+                    return
+
+    with httpx.Client(timeout=120) as poster, ThreadPoolExecutor(max_workers=n) as pool:
+        for doc in docs:
+            poster.post(f"{api}/v1/groups", json=doc).raise_for_status()
+            pool.submit(wait_for, doc["group_id"])
+            time.sleep(spacing_s)
+    finished = _finished_at(database_url, [d["group_id"] for d in docs])
+    latencies = [1000 * (received[g] - finished[g]) for g in finished]
+    return {
+        "groups": len(latencies),
+        "p50_ms": percentile(latencies, 0.5),
+        "p99_ms": percentile(latencies, 0.99),
+        "max_ms": max(latencies),
+    }
+
+
+def section_longpoll(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(Path(tmp))
+        try:
+            judge = start_judge(stack, args.longpoll_latency, 0.5)
+            redis.Redis.from_url(REDIS).flushdb()
+            with fresh_database() as db:
+                env = _env(judge, db, REDIS)
+                port = free_port()
+                api_proc = stack.spawn(
+                    "api", [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)], env
+                )
+                wait_http(f"http://127.0.0.1:{port}/healthz")
+                worker = stack.spawn("worker", [sys.executable, "-m", "drcredit_cli.main", "worker"], env)
+                wait_log(worker, b" ready.")
+                out["distributed"] = _measure(f"http://127.0.0.1:{port}", db, args.longpoll_groups, 0.02)
+                api_proc.stop()
+                worker.stop()
+            sqlite_url = f"sqlite:///{Path(tmp) / 'lp.sqlite3'}"
+            port = free_port()
+            api_proc = stack.spawn(
+                "api",
+                [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)],
+                _env(judge, sqlite_url, None),
+            )
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            out["embedded"] = _measure(f"http://127.0.0.1:{port}", sqlite_url, args.longpoll_groups, 0.02)
+        finally:
+            stack.stop()
+    results["longpoll"] = out
+
+
+def table(lp: dict[str, Any]) -> str:
+    lines = ["long-poll: commit of a group's results to the client's answer"]
+    for mode, m in lp.items():
+        lines.append(
+            f"  {mode:<12} {m['groups']} groups: p50 {m['p50_ms']:.1f} ms, p99 {m['p99_ms']:.1f} ms, max {m['max_ms']:.1f} ms"
+        )
+    return "\n".join(lines)
