@@ -89,6 +89,8 @@ def one_run(api: str, groups: list[dict[str, Any]], database_url: str) -> dict[s
             " FROM groups AS g JOIN batches AS b ON g.batch_pk = b.id WHERE b.batch_id = %s",
             (batch_id,),
         ).fetchall()
+        slowest = max(rows, key=lambda r: float(r[2]))[0]
+        anatomy = group_anatomy(conn, slowest, posted_at)
     done = sorted(float(f) - posted_at for _, _, f in rows)
     stored = sorted(float(c) - posted_at for _, c, _ in rows)
     return {
@@ -98,6 +100,53 @@ def one_run(api: str, groups: list[dict[str, Any]], database_url: str) -> dict[s
         "last_group_stored_s": stored[-1],
         "groups_done_s": {"p50": percentile(done, 0.5), "p90": percentile(done, 0.9), "last": done[-1]},
         "client_after_last_done_s": (received_at - posted_at) - done[-1],
+        "slowest_group": anatomy,
+    }
+
+
+def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float) -> dict[str, Any]:
+    """Where one group's time went, from its stored timestamps (seconds after the POST).
+
+    A judgment's call started ``latency_s`` before it was stored; within a visit chain
+    the time between one answer's store and the next call's start is time the chain
+    waited (for a judge slot, its message, or the store itself).
+    """
+    (created, finished) = conn.execute(
+        "SELECT extract(epoch FROM created_at), extract(epoch FROM finished_at) FROM groups WHERE group_id = %s",
+        (group_id,),
+    ).fetchone() or (None, None)
+    rows = conn.execute(
+        "SELECT j.kind, j.rollout_id, j.rubric_id, j.turn_index, extract(epoch FROM j.created_at), j.latency_s"
+        " FROM judgments AS j JOIN groups AS g ON g.id = j.group_pk"
+        " WHERE g.group_id = %s AND j.status IN ('ok', 'failed') AND NOT j.cache_hit"
+        " ORDER BY j.rollout_id, j.rubric_id, j.turn_index",
+        (group_id,),
+    ).fetchall()
+    chains: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    snippets: list[tuple[float, float]] = []
+    for kind, rollout_id, rubric_id, _, stored, latency in rows:
+        entry = (float(stored) - posted_at, float(latency))
+        if kind == "visit":
+            chains.setdefault((rollout_id, rubric_id), []).append(entry)
+        else:
+            snippets.append(entry)
+    longest = max(chains.values(), key=lambda c: c[-1][0]) if chains else []
+    waits = [longest[i][0] - longest[i][1] - longest[i - 1][0] for i in range(1, len(longest))]
+    last_stored = max((e[0] for c in chains.values() for e in c), default=0.0)
+    last_stored = max([last_stored, *(e[0] for e in snippets)])
+    return {
+        "group_id": group_id,
+        "stored_s": float(created) - posted_at if created is not None else None,
+        "first_call_s": min((e[0] - e[1] for c in chains.values() for e in c), default=None),
+        "last_chain": {
+            "calls": len(longest),
+            "first_call_s": longest[0][0] - longest[0][1] if longest else None,
+            "waits_between_calls_s": round(sum(waits), 3),
+            "max_wait_s": round(max(waits, default=0.0), 3),
+        },
+        "last_snippet_call": max(((e[0] - e[1], e[0]) for e in snippets), default=None),
+        "last_judgment_stored_s": last_stored,
+        "aggregated_s": float(finished) - posted_at if finished is not None else None,
     }
 
 

@@ -279,12 +279,11 @@ async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wa
             raise NotReady(
                 _batch_status(groups), f"batch {batch_id!r}: {len(pending)} of {len(groups)} groups not finished"
             )
-        docs = []
-        for g in groups:
-            if g.status == "done":
-                docs.append(documents.advantages_document(s, documents.find_group(s, tenant, g.group_id, full=True)))
-            else:
-                docs.append({"group_id": g.group_id, "status": g.status, "error": g.error})
+        done = documents.advantages_documents(s, tenant, [g.group_id for g in groups if g.status == "done"])
+        docs = [
+            done[g.group_id] if g.status == "done" else {"group_id": g.group_id, "status": g.status, "error": g.error}
+            for g in groups
+        ]
         return {"batch_id": batch_id, "status": _batch_status(groups), "groups": docs}
 
     return await read_db(rt, run)

@@ -23,7 +23,7 @@ from drcredit.domain.errors import InvalidInput, errors_from_pydantic
 from drcredit.domain.group import GroupIn
 from drcredit.judges.breaker import BreakerState
 from drcredit.logs import configure_logging
-from drcredit.process import tune_gc
+from drcredit.process import raise_open_files_limit, tune_gc
 from drcredit.scoring import documents
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
@@ -296,6 +296,7 @@ def serve(
     _runtime(settings, check_only=True)
     api = create_app(settings)
     tune_gc(settings.gc_threshold)
+    raise_open_files_limit()  # embedded mode: one socket per judge call in flight
     uvicorn.run(api, host=host, port=port, log_config=None, access_log=False)
 
 
@@ -324,8 +325,9 @@ def worker(
         typer.Option(
             min=1,
             help=(
-                "Judge calls this worker keeps in flight (DRCREDIT_JUDGE_CONCURRENCY) and the Celery threads "
-                "that deliver its tasks; default: the largest setting of the chosen queues' services."
+                "Judge calls this worker keeps in flight and the Celery threads that deliver its tasks. "
+                "Default: DRCREDIT_JUDGE_CONCURRENCY (1024) calls, and the largest thread setting of the "
+                "chosen queues' services (512 with visit_judge)."
             ),
         ),
     ] = None,
@@ -347,8 +349,9 @@ def worker(
         _fail(f"--queues: unknown queue(s) {', '.join(unknown)}; known: {', '.join(configs)}")
     chosen = [configs[q] for q in names]
     threads = concurrency or max(c.concurrency for c in chosen)
+    raise_open_files_limit()  # one socket per judge call in flight
     try:
-        celery_app, runtime = worker_mod.start(settings, threads)
+        celery_app, runtime = worker_mod.start(settings, concurrency or settings.judge_concurrency)
     except OperationalError as exc:
         _database_unreachable(settings, exc)
     except ValueError as exc:

@@ -43,5 +43,7 @@ def configure_logging(settings: Settings, *, quiet: bool = False) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel("WARNING" if quiet else settings.log_level.upper())
-    for noisy in ("httpx", "httpcore", "openai", "alembic"):
+    # The judge client logs every request at INFO: a line per judge call, measured at 8% of
+    # a visit worker's CPU (httpx2 is the transport of the openai client).
+    for noisy in ("httpx", "httpx2", "httpcore", "openai", "alembic"):
         logging.getLogger(noisy).setLevel("WARNING")

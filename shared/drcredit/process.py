@@ -26,6 +26,20 @@ def tune_gc(threshold: int) -> None:
     gc.set_threshold(threshold, second, third)
 
 
+def raise_open_files_limit(wanted: int = 65536) -> None:
+    """Raise this process's soft limit on open files towards ``wanted`` (never past the hard
+    limit): every judge call in flight holds a socket, and many systems start processes
+    with a soft limit of 1,024."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop where it is installed (not on Windows), else asyncio's.
 

@@ -36,8 +36,11 @@ class Settings(BaseSettings):
     #: How long work waits for a judge that cannot be reached (connection errors,
     #: timeouts, 5xx or 429 outlasting a judgment's retries) before its group fails.
     judge_outage_deadline_s: float = Field(600.0, gt=0)
-    #: Judge calls in flight at once in one process.
-    judge_concurrency: int = Field(64, ge=1, le=4096)
+    #: Judge calls in flight at once in one process (the API in embedded mode, a worker):
+    #: enough that a step's chains never wait for a slot of their own process. With a
+    #: judge that has a capacity limit, set it to that capacity divided by the processes
+    #: sharing the judge (README, "Configuration").
+    judge_concurrency: int = Field(1024, ge=1, le=8192)
 
     # Storage and execution -------------------------------------------------
     data_dir: Path = Path(".drcredit")

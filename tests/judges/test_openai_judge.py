@@ -243,3 +243,25 @@ def test_openai_backend_needs_a_model_name() -> None:
     with pytest.raises(ValueError, match="DRCREDIT_JUDGE_MODEL"):
         build_judge(Settings(judge="openai", judge_base_url="http://127.0.0.1:9/v1"))
     assert build_judge(Settings(judge="offline")).model == "offline-lexical-v1"
+
+
+def test_hundreds_of_calls_are_in_flight_at_once() -> None:
+    """The client itself must not cap what a worker keeps in flight (aiohttp's own default
+    pool of 100 connections once capped a worker at 100 calls)."""
+    import asyncio
+
+    def slow(call: Call) -> Reply:
+        return Reply.json(GOOD, delay=1.0)
+
+    with judge_for(slow) as (judge, server):
+
+        async def many() -> list[str]:
+            results = await asyncio.gather(*(judge.ajudge_visit(visit_request()) for _ in range(300)))
+            await judge.aclose()
+            return [r.status for r in results]
+
+        started = time.monotonic()
+        statuses = asyncio.run(many())
+        assert statuses == ["ok"] * 300
+        assert server.peak_in_flight >= 250, server.peak_in_flight
+        assert time.monotonic() - started < 2.8  # not three rounds of 100

@@ -46,7 +46,7 @@ def current_runtime() -> Runtime:
     return _runtime
 
 
-def start(settings: Settings, concurrency: int) -> tuple[Celery, Runtime]:
+def start(settings: Settings, judge_concurrency: int) -> tuple[Celery, Runtime]:
     """Build this process's Celery app and runtime, and start its helper threads."""
     global _runtime
     if settings.log_level.upper() != "DEBUG":
@@ -55,7 +55,7 @@ def start(settings: Settings, concurrency: int) -> tuple[Celery, Runtime]:
         logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
     app = create_celery(settings)
     dispatcher = CeleryDispatcher(app)
-    sized = settings.model_copy(update={"judge_concurrency": concurrency})
+    sized = settings.model_copy(update={"judge_concurrency": judge_concurrency})
     _runtime = Runtime.build(sized, dispatcher=dispatcher)
     if settings.metrics_port:
         from prometheus_client import start_http_server

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -47,26 +48,39 @@ def _iso(value: datetime | None) -> str | None:
 
 def progress(s: Session, group: m.Group) -> dict[str, int]:
     """Judgment counts: total excludes deterministic zeros, done includes skipped calls."""
-    counts = dict(
-        s.execute(
-            select(m.Judgment.status, func.count()).where(m.Judgment.group_pk == group.id).group_by(m.Judgment.status)
-        ).all()
-    )
-    calls, hits = s.execute(
-        select(func.count(), func.coalesce(func.sum(m.Judgment.cache_hit.cast(Integer)), 0)).where(
-            m.Judgment.group_pk == group.id, m.Judgment.status.in_(("ok", "failed"))
-        )
-    ).one()
-    done = counts.get("ok", 0) + counts.get("failed", 0) + counts.get("skipped", 0)
-    return {
-        "judgments_total": group.judgments_planned,
-        "judgments_done": done,
-        "judgments_failed": counts.get("failed", 0),
-        "judge_calls": int(calls) - int(hits),
-        "cache_hits": int(hits),
-        "deterministic_zeros": counts.get("deterministic", 0),
-        "snippet_calls_skipped": counts.get("skipped", 0),
-    }
+    return progress_of(s, [group])[group.id]
+
+
+def progress_of(s: Session, groups: Sequence[m.Group]) -> dict[int, dict[str, int]]:
+    """:func:`progress` of many groups in two statements (a batch's document reads them all)."""
+    pks = [g.id for g in groups]
+    counts: dict[int, dict[str, int]] = {pk: {} for pk in pks}
+    for group_pk, status, count in s.execute(
+        select(m.Judgment.group_pk, m.Judgment.status, func.count())
+        .where(m.Judgment.group_pk.in_(pks))
+        .group_by(m.Judgment.group_pk, m.Judgment.status)
+    ):
+        counts[group_pk][status] = count
+    calls: dict[int, tuple[int, int]] = {pk: (0, 0) for pk in pks}
+    for group_pk, n, hits in s.execute(
+        select(m.Judgment.group_pk, func.count(), func.coalesce(func.sum(m.Judgment.cache_hit.cast(Integer)), 0))
+        .where(m.Judgment.group_pk.in_(pks), m.Judgment.status.in_(("ok", "failed")))
+        .group_by(m.Judgment.group_pk)
+    ):
+        calls[group_pk] = (int(n), int(hits))
+    out = {}
+    for g in groups:
+        c, (n, hits) = counts[g.id], calls[g.id]
+        out[g.id] = {
+            "judgments_total": g.judgments_planned,
+            "judgments_done": c.get("ok", 0) + c.get("failed", 0) + c.get("skipped", 0),
+            "judgments_failed": c.get("failed", 0),
+            "judge_calls": n - hits,
+            "cache_hits": hits,
+            "deterministic_zeros": c.get("deterministic", 0),
+            "snippet_calls_skipped": c.get("skipped", 0),
+        }
+    return out
 
 
 def status_document(s: Session, group: m.Group) -> dict[str, Any]:
@@ -98,7 +112,20 @@ def require_done(group: m.Group) -> None:
         raise NotReady(group.status, message)
 
 
-def advantages_document(s: Session, group: m.Group) -> dict[str, Any]:
+def advantages_documents(s: Session, tenant: str, group_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The advantages documents of many done groups, read together (a batch's answer):
+    one statement per table instead of a handful per group."""
+    if not group_ids:
+        return {}
+    turns = selectinload(m.Group.rollouts).selectinload(m.Rollout.turns).defer(m.Turn.body, raiseload=True)
+    groups = list(
+        s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids)).options(turns))
+    )
+    counts = progress_of(s, groups)
+    return {g.group_id: advantages_document(s, g, counts[g.id]) for g in groups}
+
+
+def advantages_document(s: Session, group: m.Group, counts: dict[str, int] | None = None) -> dict[str, Any]:
     """API.md's advantages document for a done group, with its judgment counts."""
     require_done(group)
     stats = group.stats or {}
@@ -133,7 +160,10 @@ def advantages_document(s: Session, group: m.Group) -> dict[str, Any]:
         "status": group.status,
         "params": group.params,
         "stats": {k: stats.get(k) for k in ("mu_rg", "sigma_rg", "mu_o", "sigma_o")},
-        "progress": {**progress(s, group), "unscorable_turns": int(stats.get("unscorable_turns", 0))},
+        "progress": {
+            **(counts if counts is not None else progress(s, group)),
+            "unscorable_turns": int(stats.get("unscorable_turns", 0)),
+        },
         "metadata": group.metadata_,
         "rollouts": rollouts,
     }
