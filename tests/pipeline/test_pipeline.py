@@ -360,3 +360,58 @@ def test_a_claim_won_after_the_owner_answered_takes_its_answer(database_url: str
     assert token is None and hit is not None
     assert hit.verdict is not None and hit.verdict.level == 2
     assert claims == []
+
+
+class Recording:
+    """A dispatcher that only records what would be sent (a test drives the units)."""
+
+    def __init__(self) -> None:
+        self.units: list[Any] = []
+        self.aggregations: list[int] = []
+
+    def dispatch(self, units: Any) -> None:
+        self.units.extend(units)
+
+    def dispatch_aggregation(self, group_pk: int) -> None:
+        self.aggregations.append(group_pk)
+
+
+def test_sweep_releases_a_missed_waiting_snippet_call_only_once_its_chains_are_done(
+    tmp_path: Path, marker_judge: JudgeServer, monkeypatch: Any
+) -> None:
+    from drcredit.scoring.snippet_release import SnippetRelease
+
+    recording = Recording()
+    settings = settings_for(f"sqlite:///{tmp_path / 'db.sqlite3'}", marker_judge.url)
+    rt = Runtime.build(settings, dispatcher=recording)  # type: ignore[arg-type]
+    try:
+        sub = rt.pipeline.submit_group("t", saturating_group(skip_saturated_snippets=True))
+
+        def snippet_status() -> str:
+            with rt.db.session() as s:
+                return s.scalars(
+                    select(m.WorkUnit.status).where(
+                        m.WorkUnit.group_pk == sub.group_pk, m.WorkUnit.kind == "snippet", m.WorkUnit.rollout_id == "a"
+                    )
+                ).one()
+
+        assert snippet_status() == "waiting"
+        released: list[tuple[int, str]] = []
+        original = SnippetRelease.release
+        monkeypatch.setattr(
+            SnippetRelease, "release", lambda self, g, r: released.append((g, r)) or original(self, g, r)
+        )
+        rt.pipeline.sweep(0.0)
+        # Its visit chains have not run: the sweep leaves it (and its group's lock) alone.
+        assert snippet_status() == "waiting" and released == []
+        # The chains run, but the release their stores would carry is lost.
+        monkeypatch.setattr(SnippetRelease, "may_wait", lambda self, group_pk, rollout_id: False)
+        chains = [u for u in recording.units if u.kind == "visit_chain" and u.rollout_id == "a"]
+        assert rt.pipeline.run_units(chains) == ["done"] * len(chains)
+        assert snippet_status() == "waiting"
+        monkeypatch.undo()
+        rt.pipeline.sweep(0.0)
+        assert snippet_status() == "done"  # saturated: skipped, without a judge call
+        assert marker_judge.count("snippet") == 0
+    finally:
+        rt.close()
