@@ -13,13 +13,13 @@ by ``NOTIFY``) and in embedded mode (one process, SQLite).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sqlite3
 import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,6 @@ def _env(judge: str, database_url: str, broker: str | None) -> dict[str, str]:
             "DRCREDIT_JUDGE": "openai",
             "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
             "DRCREDIT_JUDGE_MODEL": "sim",
-            "DRCREDIT_LOG_LEVEL": "WARNING",
         }
     )
     if broker:
@@ -64,23 +63,30 @@ def _finished_at(database_url: str, group_ids: list[str]) -> dict[str, float]:
 
 
 def _measure(api: str, database_url: str, n: int, spacing_s: float) -> dict[str, Any]:
+    """One asyncio client (no thread per waiter, whose scheduling would add its own delay)."""
     tag = uuid.uuid4().hex[:6]
     docs = [make_group(7000 + i, f"lp-{tag}-{i}", rollouts=2) for i in range(n)]
     received: dict[str, float] = {}
 
-    def wait_for(group_id: str) -> None:
-        with httpx.Client(timeout=120) as client:
-            while True:
-                r = client.get(f"{api}/v1/groups/{group_id}/advantages", params={"wait": 60})
-                if r.status_code == 200:
-                    received[group_id] = time.time()
-                    return
+    async def run() -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
 
-    with httpx.Client(timeout=120) as poster, ThreadPoolExecutor(max_workers=n) as pool:
-        for doc in docs:
-            poster.post(f"{api}/v1/groups", json=doc).raise_for_status()
-            pool.submit(wait_for, doc["group_id"])
-            time.sleep(spacing_s)
+            async def wait_for(group_id: str) -> None:
+                while True:
+                    r = await client.get(f"{api}/v1/groups/{group_id}/advantages", params={"wait": 60})
+                    if r.status_code == 200:
+                        received[group_id] = time.time()
+                        return
+
+            waiters = []
+            for doc in docs:
+                (await client.post(f"{api}/v1/groups", json=doc)).raise_for_status()
+                waiters.append(asyncio.create_task(wait_for(doc["group_id"])))
+                await asyncio.sleep(spacing_s)
+            await asyncio.gather(*waiters)
+
+    asyncio.run(run())
     finished = _finished_at(database_url, [d["group_id"] for d in docs])
     latencies = [1000 * (received[g] - finished[g]) for g in finished]
     return {

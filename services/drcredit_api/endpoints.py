@@ -74,9 +74,11 @@ def _links(group_id: str) -> dict[str, str]:
     }
 
 
-async def read_db(rt: Runtime, fn: Callable[[Any], T]) -> T:
+async def read_db(rt: Runtime, fn: Callable[[Any], T], *, writes: bool = False) -> T:
+    """Run ``fn`` with a session on a worker thread: a read-only one unless it ``writes``."""
+
     def run() -> T:
-        with rt.db.session() as s:
+        with rt.db.session() if writes else rt.db.read_session() as s:
             return fn(s)
 
     return await run_in_threadpool(run)
@@ -217,7 +219,7 @@ async def post_replay(group_id: str, body: schemas.ReplayRequest, tenant: Tenant
         s.add(m.Replay(group_pk=group.id, params=result["params"], result=result))
         return result
 
-    return await read_db(rt, run)
+    return await read_db(rt, run, writes=True)
 
 
 def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:

@@ -59,12 +59,12 @@ class Aggregator:
                 {"question": group.question, "rubrics": group.rubrics, "rollouts": [doc for _, doc in outlined]}
             )
             judgments = judgments_of(s, group_pk)
-            stamp = utcnow()
             try:
                 credits = group_credits(content, judgments, params)
                 advantages = group_advantages(content, credits, params)
             except Exception as exc:
                 log.exception("aggregation of group %s failed", group_pk)
+                stamp = utcnow()
                 repo.finish_group(s, group_pk, None, f"aggregation failed: {type(exc).__name__}: {exc}", stamp)
                 failed = True
             else:
@@ -87,6 +87,9 @@ class Aggregator:
                     "research_turns": st.research_turns,
                     "unscorable_turns": st.unscorable_turns,
                 }
+                # Stamped last, just before the commit: finished_at is when the group's
+                # results became visible (what a long-poll's latency is measured from).
+                stamp = utcnow()
                 repo.finish_group(s, group_pk, stats, None, stamp)
             announce_final(s, group_pk)
         self.events.finished([group_pk])

@@ -47,6 +47,10 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
     )
 
 
+#: Execution option of a read-only session (see :meth:`Database.read_session`).
+READ_ONLY = "drcredit_read_only"
+
+
 def _serialize_sqlite_writers(engine: Engine) -> None:
     """Take SQLite's write lock when a transaction begins.
 
@@ -66,7 +70,11 @@ def _serialize_sqlite_writers(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # A read (the API's documents, a long-poll's status check) begins deferred: in WAL
+        # mode it reads a snapshot without queueing behind writers, whose busy-timeout
+        # backoff gave long-polls answers seconds late in embedded mode.
+        readonly = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
 
 def postgres_driver(s: Session) -> psycopg.Connection[Any] | None:
@@ -92,10 +100,24 @@ class Database:
         self.url = url
         self.engine = make_engine(url, pool_size)
         self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        self._read_factory = sessionmaker(self.engine.execution_options(**{READ_ONLY: True}), expire_on_commit=False)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        session = self._factory()
+        with self._transaction(self._factory) as session:
+            yield session
+
+    @contextmanager
+    def read_session(self) -> Iterator[Session]:
+        """A session for reads only: on SQLite it reads a snapshot without taking the
+        write lock (a write in it would take the lock late and may fail as locked)."""
+        with self._transaction(self._read_factory) as session:
+            yield session
+
+    @staticmethod
+    @contextmanager
+    def _transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
+        session = factory()
         try:
             yield session
             session.commit()
