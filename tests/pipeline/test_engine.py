@@ -294,7 +294,7 @@ def test_a_lease_is_held_only_by_its_owner_while_running_and_renewal_moves_its_e
 # ----------------------------------------------------------------------------- messages
 
 
-def test_chains_travel_per_rollout_and_snippet_calls_per_group() -> None:
+def test_units_travel_per_group() -> None:
     units = [
         UnitRef("visit_chain", 1, 7, "r0"),
         UnitRef("visit_chain", 2, 7, "r1"),
@@ -303,9 +303,11 @@ def test_chains_travel_per_rollout_and_snippet_calls_per_group() -> None:
         UnitRef("snippet", 5, 7, "r1"),
         UnitRef("snippet", 6, 8, "r0"),
     ]
-    assert [[u.unit_id for u in b] for b in unit_batches(units)] == [[1, 3], [2], [4, 5], [6]]
-    many = [UnitRef("visit_chain", i, 1, "r0") for i in range(40)]
+    assert [[u.unit_id for u in b] for b in unit_batches(units)] == [[1, 2, 3], [4, 5], [6]]
+    many = [UnitRef("visit_chain", i, 1, f"r{i % 8}") for i in range(40)]
     assert [len(b) for b in unit_batches(many, size=16)] == [16, 16, 8]
+    outcome = [UnitRef("outcome", 9, 7, "r0"), UnitRef("outcome", 10, 7, "r1")]
+    assert [[u.unit_id for u in b] for b in unit_batches(outcome)] == [[9], [10]]
 
 
 def test_only_deadlocks_and_serialization_failures_count_as_lock_conflicts() -> None:

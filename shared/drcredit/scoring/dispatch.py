@@ -13,9 +13,9 @@ log = logging.getLogger(__name__)
 
 UnitKind = Literal["visit_chain", "snippet", "outcome"]
 
-#: Units of one rollout sent together (one message, one claim transaction); bounded so
-#: that one message never holds a worker slot for a whole group.
-MAX_UNITS_PER_MESSAGE = 16
+#: Units sent together (one message, one claim transaction): a group's visit chains, at
+#: most this many per message.
+MAX_UNITS_PER_MESSAGE = 64
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,15 @@ class UnitRef:
 def unit_batches(units: Sequence[UnitRef], size: int = MAX_UNITS_PER_MESSAGE) -> Iterator[list[UnitRef]]:
     """Units grouped into messages, in order, at most ``size`` per message.
 
-    Visit chains by (group, rollout): a rollout's chains share its content, plan and
-    stored state, so one message costs one claim transaction instead of one per chain.
-    Snippet calls by group: they are released a few at a time as visits are judged,
-    and a message per rollout would carry one call each.
+    By (kind, group): a group's units are dispatched together when it is stored, so one
+    message and one claim transaction serve all of them (or ``size``) instead of one per
+    rollout. A step's first wave is hundreds of messages arriving at once; per rollout,
+    the later ones waited behind the others' claims (BENCHMARKS.md, fifth round). Outcome
+    units stay per rollout: a streamed rollout's unit goes alone anyway.
     """
     grouped: dict[tuple[str, int, str], list[UnitRef]] = {}
     for unit in units:
-        rollout = unit.rollout_id if unit.kind in ("visit_chain", "outcome") else ""
+        rollout = unit.rollout_id if unit.kind == "outcome" else ""
         grouped.setdefault((unit.kind, unit.group_pk, rollout), []).append(unit)
     for refs in grouped.values():
         for start in range(0, len(refs), size):
