@@ -1,7 +1,7 @@
 """Worker configuration of the visit-judge service.
 
 Chains spend nearly all their time waiting on the judge. They run as coroutines on the
-process's engine; a Celery thread only waits for its message's chains (one rollout's,
+process's engine; a Celery thread only waits for its message's chains (one group's,
 held for as long as its longest chain runs), so the thread count is high: it is the
 number of messages this worker takes at once. Judge calls in flight are set apart
 (``DRCREDIT_JUDGE_CONCURRENCY``), unless ``--concurrency`` sets both.

@@ -1,4 +1,4 @@
-"""The visit-chain task: the (rollout, positive rubric) chains of one rollout, each judging its visits in order."""
+"""The visit-chain task: a group's (rollout, positive rubric) chains (up to 64), each judging its visits in order."""
 
 from __future__ import annotations
 
