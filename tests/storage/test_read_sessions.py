@@ -35,15 +35,18 @@ def test_a_read_session_reads_while_a_writer_holds_the_lock(tmp_path: Path) -> N
         assert time.monotonic() - started < 0.5
         # A plain session queues behind the writer (BEGIN IMMEDIATE on the busy timeout).
         waited: list[float] = []
+        reading = threading.Event()
 
         def plain_read() -> None:
             begun = time.monotonic()
+            reading.set()
             with db.session() as s:
                 s.scalar(select(func.count()).select_from(m.Group))
             waited.append(time.monotonic() - begun)
 
         reader = threading.Thread(target=plain_read)
         reader.start()
+        assert reading.wait(10)
         time.sleep(0.6)
         release.set()
         reader.join(10)
