@@ -260,8 +260,7 @@ def test_hundreds_of_calls_are_in_flight_at_once() -> None:
             await judge.aclose()
             return [r.status for r in results]
 
-        started = time.monotonic()
         statuses = asyncio.run(many())
         assert statuses == ["ok"] * 300
+        # Every call is held 1 s by the server: a cap would show as a peak at the cap.
         assert server.peak_in_flight >= 250, server.peak_in_flight
-        assert time.monotonic() - started < 2.8  # not three rounds of 100
