@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sqlite3
-import sys
 import tempfile
 import time
 import uuid
@@ -28,23 +26,8 @@ import psycopg
 import redis
 
 from bench.paths import percentile
-from bench.platform import REDIS, Stack, free_port, fresh_database, start_judge, wait_http, wait_log
+from bench.platform import REDIS, Stack, fresh_database, plain_env, start_judge, start_plain
 from bench.workload import make_group
-
-
-def _env(judge: str, database_url: str, broker: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
-    env.update(
-        {
-            "DRCREDIT_DATABASE_URL": database_url,
-            "DRCREDIT_JUDGE": "openai",
-            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
-            "DRCREDIT_JUDGE_MODEL": "sim",
-        }
-    )
-    if broker:
-        env["DRCREDIT_BROKER_URL"] = broker
-    return env
 
 
 def _finished_at(database_url: str, group_ids: list[str]) -> dict[str, float]:
@@ -105,26 +88,13 @@ def section_longpoll(args: argparse.Namespace, results: dict[str, Any]) -> None:
             judge = start_judge(stack, args.longpoll_latency, 0.5)
             redis.Redis.from_url(REDIS).flushdb()
             with fresh_database() as db:
-                env = _env(judge, db, REDIS)
-                port = free_port()
-                api_proc = stack.spawn(
-                    "api", [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)], env
-                )
-                wait_http(f"http://127.0.0.1:{port}/healthz")
-                worker = stack.spawn("worker", [sys.executable, "-m", "drcredit_cli.main", "worker"], env)
-                wait_log(worker, b" ready.")
-                out["distributed"] = _measure(f"http://127.0.0.1:{port}", db, args.longpoll_groups, 0.02)
-                api_proc.stop()
-                worker.stop()
+                api, procs = start_plain(stack, plain_env(judge, db, REDIS), workers=1)
+                out["distributed"] = _measure(api, db, args.longpoll_groups, 0.02)
+                for proc in procs:
+                    proc.stop()
             sqlite_url = f"sqlite:///{Path(tmp) / 'lp.sqlite3'}"
-            port = free_port()
-            api_proc = stack.spawn(
-                "api",
-                [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)],
-                _env(judge, sqlite_url, None),
-            )
-            wait_http(f"http://127.0.0.1:{port}/healthz")
-            out["embedded"] = _measure(f"http://127.0.0.1:{port}", sqlite_url, args.longpoll_groups, 0.02)
+            api, _ = start_plain(stack, plain_env(judge, sqlite_url, None), workers=0)
+            out["embedded"] = _measure(api, sqlite_url, args.longpoll_groups, 0.02)
         finally:
             stack.stop()
     results["longpoll"] = out

@@ -151,13 +151,10 @@ def fresh_database() -> Iterator[str]:
 
 
 def platform_env(judge: str, database_url: str, broker: str | None, concurrency: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
+    """:func:`plain_env` tuned for the benchmark's own platform (quiet, concurrency set)."""
+    env = plain_env(judge, database_url, broker)
     env.update(
         {
-            "DRCREDIT_DATABASE_URL": database_url,
-            "DRCREDIT_JUDGE": "openai",
-            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
-            "DRCREDIT_JUDGE_MODEL": "sim",
             "DRCREDIT_JUDGE_TIMEOUT_S": "600",
             "DRCREDIT_JUDGE_CONCURRENCY": str(concurrency),
             "DRCREDIT_LOG_LEVEL": "WARNING",
@@ -166,8 +163,6 @@ def platform_env(judge: str, database_url: str, broker: str | None, concurrency:
             "DRCREDIT_DATABASE_POOL_SIZE": "12",
         }
     )
-    if broker:
-        env["DRCREDIT_BROKER_URL"] = broker
     return env
 
 
@@ -183,3 +178,32 @@ def start_worker(stack: Stack, env: dict[str, str], queues: str, concurrency: in
     proc = stack.spawn(f"worker-{queues}", argv, {**env, "DRCREDIT_LOG_LEVEL": "INFO"})
     wait_log(proc, b" ready.")
     return proc
+
+
+def plain_env(judge: str, database_url: str, broker: str | None) -> dict[str, str]:
+    """Only what the README's set-up asks for: database, broker (distributed), judge."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
+    env.update(
+        {
+            "DRCREDIT_DATABASE_URL": database_url,
+            "DRCREDIT_JUDGE": "openai",
+            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
+            "DRCREDIT_JUDGE_MODEL": "sim",
+        }
+    )
+    if broker:
+        env["DRCREDIT_BROKER_URL"] = broker
+    return env
+
+
+def start_plain(stack: Stack, env: dict[str, str], workers: int) -> tuple[str, list[Proc]]:
+    """``drcredit serve`` and ``workers`` plain ``drcredit worker`` processes (no flags)."""
+    port = free_port()
+    api = stack.spawn("api", [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)], env)
+    wait_http(f"http://127.0.0.1:{port}/healthz")
+    procs = [api]
+    for _ in range(workers):
+        worker = stack.spawn("worker", [sys.executable, "-m", "drcredit_cli.main", "worker"], env)
+        wait_log(worker, b" ready.")
+        procs.append(worker)
+    return f"http://127.0.0.1:{port}", procs

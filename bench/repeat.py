@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -32,34 +30,7 @@ import redis
 
 from bench.baseline import score_step
 from bench.paths import critical_path_calls, percentile
-from bench.platform import REDIS, Proc, Stack, free_port, fresh_database, start_judge, wait_http, wait_log
-
-
-def plain_env(judge: str, database_url: str) -> dict[str, str]:
-    """Only what the README's distributed set-up asks for: database, broker, judge."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
-    env.update(
-        {
-            "DRCREDIT_DATABASE_URL": database_url,
-            "DRCREDIT_BROKER_URL": REDIS,
-            "DRCREDIT_JUDGE": "openai",
-            "DRCREDIT_JUDGE_BASE_URL": f"{judge}/v1",
-            "DRCREDIT_JUDGE_MODEL": "sim",
-        }
-    )
-    return env
-
-
-def start_plain(stack: Stack, env: dict[str, str], workers: int) -> tuple[str, list[Proc]]:
-    port = free_port()
-    api = stack.spawn("api", [sys.executable, "-m", "drcredit_cli.main", "serve", "--port", str(port)], env)
-    wait_http(f"http://127.0.0.1:{port}/healthz")
-    procs = [api]
-    for _ in range(workers):
-        worker = stack.spawn("worker", [sys.executable, "-m", "drcredit_cli.main", "worker"], env)
-        wait_log(worker, b" ready.")
-        procs.append(worker)
-    return f"http://127.0.0.1:{port}", procs
+from bench.platform import REDIS, Stack, fresh_database, plain_env, start_judge, start_plain
 
 
 def renamed(groups: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
@@ -162,7 +133,7 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
             judge = start_judge(stack, args.latency, args.sigma)
             redis.Redis.from_url(REDIS).flushdb()
             with fresh_database() as db:
-                api, _ = start_plain(stack, plain_env(judge, db), args.plain_workers)
+                api, _ = start_plain(stack, plain_env(judge, db, REDIS), args.plain_workers)
                 for k in range(args.repeat):
                     step = renamed(groups, f"r{k}")
                     httpx.post(f"{judge}/reset")
