@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit.domain.evidence import DEFAULT_BUDGETS, RESEARCH_TYPES, contribution, evidence_curve
-from drcredit.scoring.content import params_of
+from drcredit.domain.params import ScoringParams
 from drcredit.scoring.documents import require_done
 from drcredit.storage import models as m
 
@@ -40,7 +40,11 @@ def contributions(s: Session, group_pks: Iterable[int]) -> dict[int, list[list[f
     pks = list(group_pks)
     if not pks:
         return {}
-    eta = {g.id: params_of(g).snippet_weight for g in s.scalars(select(m.Group).where(m.Group.id.in_(pks)))}
+    # Only the parameters of each group (eta), not its rubrics and metadata.
+    eta = {
+        pk: ScoringParams.model_validate(params).snippet_weight
+        for pk, params in s.execute(select(m.Group.id, m.Group.params).where(m.Group.id.in_(pks)))
+    }
     rows = s.execute(
         select(m.Rollout.group_pk, m.Rollout.id, m.Turn.type, m.Turn.visit_credit_uncapped, m.Turn.snippet_matches)
         .join(m.Turn, m.Turn.rollout_pk == m.Rollout.id)

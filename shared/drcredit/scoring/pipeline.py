@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from drcredit.domain.batch import BatchIn
-from drcredit.domain.group import GroupContent, GroupIn, Rollout
+from drcredit.domain.group import GroupIn, Rollout
 from drcredit.domain.limits import Limits
 from drcredit.judges.base import Judge
 from drcredit.scoring import recovery
@@ -138,12 +138,6 @@ class Pipeline:
     def add_rollout(self, tenant: str, group_id: str, rollout: Rollout) -> tuple[Submitted, bool]:
         return self.ingest.add_rollout(tenant, group_id, rollout)
 
-    def check_limits(self, groups: Sequence[GroupIn], *, batch: bool = False) -> None:
-        self.ingest.check_limits(groups, batch=batch)
-
-    def resolve(self, group: GroupIn) -> GroupIn:
-        return self.ingest.resolve(group)
-
     # ------------------------------------------------------------------ units
 
     def submit_units(self, refs: Sequence[UnitRef]) -> Future[list[UnitOutcome]]:
@@ -154,9 +148,6 @@ class Pipeline:
         """Run units to completion from a thread outside the engine (a Celery task)."""
         return self.submit_units(refs).result()
 
-    async def arun_units(self, refs: Sequence[UnitRef]) -> list[UnitOutcome]:
-        return await self.units.run(refs)
-
     def submit_aggregation(self, group_pk: int) -> Future[None]:
         return self.engine.submit(self.engine.db(self.aggregator.run, group_pk))
 
@@ -165,9 +156,6 @@ class Pipeline:
 
     def fail_group(self, group_pk: int, reason: str) -> None:
         self.aggregator.fail(group_pk, reason)
-
-    def rollout_content(self, group_pk: int, rollout_id: str) -> GroupContent:
-        return self.rollouts.content(group_pk, rollout_id)
 
     # ------------------------------------------------------------------ recovery
 
