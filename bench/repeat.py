@@ -31,6 +31,7 @@ import redis
 from bench.baseline import score_step
 from bench.paths import critical_path_calls, percentile
 from bench.platform import REDIS, Stack, fresh_database, plain_env, start_judge, start_plain
+from bench.workload import with_judged_outcomes
 
 
 def renamed(groups: list[dict[str, Any]], suffix: str) -> list[dict[str, Any]]:
@@ -66,6 +67,7 @@ def one_run(api: str, groups: list[dict[str, Any]], database_url: str) -> dict[s
     stored = sorted(float(c) - posted_at for _, c, _ in rows)
     return {
         "wall_s": wall,
+        "posted_at": posted_at,
         "credits": credits,
         "polls": polls,
         "last_group_stored_s": stored[-1],
@@ -126,7 +128,13 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
+    """``--repeat-outcome``: the outcome reward is judged too. Outcome calls depend on no
+    other call, so they add at most one level to the longest chain: the bound is the
+    longer of the process critical path and one call (as the outcome section's)."""
     runs: list[dict[str, Any]] = []
+    outcome = bool(getattr(args, "repeat_outcome", False))
+    if outcome:
+        groups = [with_judged_outcomes(g) for g in groups]
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(Path(tmp))
         try:
@@ -139,22 +147,20 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
                     httpx.post(f"{judge}/reset")
                     run = one_run(api, step, db)
                     calls = httpx.get(f"{judge}/stats").json()["requests"]
-                    bound = critical_path_calls(step, run.pop("credits")) * args.latency
-                    httpx.post(f"{judge}/reset")
-                    started = time.perf_counter()
-                    asyncio.run(score_step(f"{judge}/v1", "sim", step, args.baseline_concurrency))
-                    baseline = time.perf_counter() - started
-                    run.update(
-                        bound_s=bound,
-                        judge_calls=calls,
-                        ratio_to_bound=run["wall_s"] / bound,
-                        baseline_s=baseline,
-                        ratio_to_baseline=run["wall_s"] / baseline,
-                    )
+                    bound = max(critical_path_calls(step, run.pop("credits")), 1) * args.latency
+                    run.update(bound_s=bound, judge_calls=calls, ratio_to_bound=run["wall_s"] / bound)
+                    versus = ""
+                    if not outcome:
+                        httpx.post(f"{judge}/reset")
+                        started = time.perf_counter()
+                        asyncio.run(score_step(f"{judge}/v1", "sim", step, args.baseline_concurrency))
+                        baseline = time.perf_counter() - started
+                        run.update(baseline_s=baseline, ratio_to_baseline=run["wall_s"] / baseline)
+                        versus = f", {run['ratio_to_baseline']:.2f}x baseline ({baseline:.2f} s)"
                     runs.append(run)
                     print(
                         f"run {k + 1}/{args.repeat}: {run['wall_s']:.2f} s = {run['ratio_to_bound']:.2f}x bound"
-                        f" ({bound:.0f} s), {run['ratio_to_baseline']:.2f}x baseline ({baseline:.2f} s);"
+                        f" ({bound:.0f} s){versus};"
                         f" groups done p50 {run['groups_done_s']['p50']:.2f} s, last {run['groups_done_s']['last']:.2f} s;"
                         f" client {run['client_after_last_done_s'] * 1000:.0f} ms after the last",
                         flush=True,
@@ -164,21 +170,24 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
     results["repeat"] = {
         "runs": runs,
         "plain_workers": args.plain_workers,
+        "outcome_judged": outcome,
         "ratio_to_bound": summary([r["ratio_to_bound"] for r in runs]),
-        "ratio_to_baseline": summary([r["ratio_to_baseline"] for r in runs]),
         "client_after_last_done_ms": summary([1000 * r["client_after_last_done_s"] for r in runs]),
     }
+    if not outcome:
+        results["repeat"]["ratio_to_baseline"] = summary([r["ratio_to_baseline"] for r in runs])
 
 
 def table(rep: dict[str, Any]) -> str:
     def line(name: str, s: dict[str, float], unit: str = "x") -> str:
         return f"  {name:<26} median {s['median']:.2f}{unit}, p90 {s['p90']:.2f}{unit}, max {s['max']:.2f}{unit}"
 
-    return "\n".join(
-        [
-            f"repeated step ({len(rep['runs'])} runs, serve + {rep['plain_workers']} plain workers)",
-            line("wall / critical-path bound", rep["ratio_to_bound"]),
-            line("wall / in-trainer baseline", rep["ratio_to_baseline"]),
-            line("client after last group", rep["client_after_last_done_ms"], " ms"),
-        ]
-    )
+    judged = ", outcome judged" if rep.get("outcome_judged") else ""
+    lines = [
+        f"repeated step ({len(rep['runs'])} runs, serve + {rep['plain_workers']} plain workers{judged})",
+        line("wall / critical-path bound", rep["ratio_to_bound"]),
+    ]
+    if "ratio_to_baseline" in rep:
+        lines.append(line("wall / in-trainer baseline", rep["ratio_to_baseline"]))
+    lines.append(line("client after last group", rep["client_after_last_done_ms"], " ms"))
+    return "\n".join(lines)

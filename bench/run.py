@@ -661,6 +661,12 @@ def main() -> None:
         help="run the step this many times in a row on serve + plain workers (adds the repeat section when > 1)",
     )
     parser.add_argument("--plain-workers", type=int, default=2, help="repeat: plain `drcredit worker` processes")
+    parser.add_argument(
+        "--repeat-outcome",
+        action="store_true",
+        help="repeat: the service also judges the outcome reward (outcome_source: judge); the bound counts"
+        " outcome calls, and the in-trainer baseline (process credit only) is not run",
+    )
     parser.add_argument("--longpoll-groups", type=int, default=200, help="longpoll: groups long-polled one each")
     parser.add_argument("--longpoll-latency", type=float, default=0.2, help="longpoll: median judge latency (s)")
     parser.add_argument("--seed", type=int, default=0)

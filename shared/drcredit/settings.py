@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     #: judge that has a capacity limit, set it to that capacity divided by the processes
     #: sharing the judge (README, "Configuration").
     judge_concurrency: int = Field(1024, ge=1, le=8192)
+    #: How long an idle connection to the judge is kept for reuse. Shorter than the
+    #: judge server's own keep-alive timeout (5 s for uvicorn-based servers such as
+    #: vLLM and SGLang): a connection the server has just closed, reused at the start
+    #: of the next step, fails its request and costs a retry with backoff.
+    judge_keepalive_s: float = Field(4.0, gt=0)
 
     # Storage and execution -------------------------------------------------
     data_dir: Path = Path(".drcredit")

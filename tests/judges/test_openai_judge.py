@@ -56,6 +56,7 @@ def judge_for(
     timeout: float = 5.0,
     reject_response_format: bool = False,
     outage_deadline_s: float = 600.0,
+    keepalive_s: float = 4.0,
 ) -> Iterator[tuple[OpenAIJudge, JudgeServer]]:
     with running_judge(script, reject_response_format=reject_response_format) as server:
         judge = OpenAIJudge(
@@ -65,6 +66,7 @@ def judge_for(
             timeout_s=timeout,
             retry=RetryPolicy(max_attempts=attempts, backoff_initial_s=0.01, backoff_max_s=0.05),
             outage_deadline_s=outage_deadline_s,
+            keepalive_s=keepalive_s,
         )
         try:
             yield judge, server
@@ -264,3 +266,33 @@ def test_hundreds_of_calls_are_in_flight_at_once() -> None:
         assert statuses == ["ok"] * 300
         # Every call is held 1 s by the server: a cap would show as a peak at the cap.
         assert server.peak_in_flight >= 250, server.peak_in_flight
+
+
+@pytest.mark.parametrize(("keepalive_s", "connections"), [(0.3, 2), (5.0, 1)])
+def test_an_idle_connection_is_reused_only_within_the_keepalive(keepalive_s: float, connections: int) -> None:
+    """A connection idle past ``keepalive_s`` is not reused: kept under the judge server's
+    own keep-alive, a step never sends on a connection the server has just closed."""
+    import asyncio
+
+    with judge_for(lambda call: Reply.json(GOOD), keepalive_s=keepalive_s) as (judge, server):
+
+        async def two_calls_apart() -> list[int]:
+            first = await judge.ajudge_visit(visit_request())
+            await asyncio.sleep(0.6)
+            second = await judge.ajudge_visit(visit_request())
+            await judge.aclose()
+            return [len(first.attempts), len(second.attempts)]
+
+        assert asyncio.run(two_calls_apart()) == [1, 1]
+        assert len({c.client_port for c in server.calls}) == connections
+
+
+def test_the_keepalive_comes_from_settings() -> None:
+    from drcredit.judges import build_judge
+    from drcredit.settings import Settings
+
+    judge = build_judge(
+        Settings(judge="openai", judge_base_url="http://127.0.0.1:9/v1", judge_model="m", judge_keepalive_s=2.5)
+    )
+    assert isinstance(judge, OpenAIJudge) and judge.keepalive_s == 2.5
+    assert Settings().judge_keepalive_s < 5.0  # under uvicorn's (vLLM's, SGLang's) 5 s

@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from drcredit.scoring.dispatch import UnitRef, unit_batches
-from drcredit.scoring.engine import BatchWriter, Engine, PrioritySlots, Recent
+from drcredit.scoring.engine import BatchWriter, Engine, Recent
+from drcredit.scoring.priority import PrioritySlots, StartOrder
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database
@@ -139,6 +140,81 @@ def test_a_cancelled_waiter_does_not_keep_a_slot() -> None:
         return True
 
     assert asyncio.run(scenario())
+
+
+# ----------------------------------------------------------------------------- start order
+
+
+def test_chains_waiting_to_start_go_longest_first_a_few_per_loop_iteration() -> None:
+    """Waiters are admitted by priority (then arrival), ``per_tick`` per loop
+    iteration, so other work runs between admissions."""
+
+    async def scenario() -> tuple[list[str], list[int]]:
+        order = StartOrder(per_tick=2)
+        log: list[str] = []
+
+        async def chain(name: str, calls: int) -> None:
+            await order.wait(calls)
+            log.append(name)
+
+        tasks = [
+            asyncio.ensure_future(chain(name, calls))
+            for name, calls in [("short", 1), ("long-a", 11), ("middle", 5), ("long-b", 11), ("tiny", 1)]
+        ]
+        admitted = []
+        while len(log) < len(tasks):
+            await asyncio.sleep(0)  # one loop iteration
+            admitted.append(len(log))
+        await asyncio.gather(*tasks)
+        return log, admitted
+
+    log, admitted = asyncio.run(scenario())
+    assert log == ["long-a", "long-b", "middle", "short", "tiny"]
+    steps = [b - a for a, b in zip([0, *admitted], admitted, strict=False)]
+    assert max(steps) == 2 and len([s for s in steps if s]) == 3, admitted
+
+
+def test_a_long_chain_arriving_later_passes_short_ones_still_waiting() -> None:
+    async def scenario() -> list[str]:
+        order = StartOrder(per_tick=1)
+        log: list[str] = []
+
+        async def chain(name: str, calls: int) -> None:
+            await order.wait(calls)
+            log.append(name)
+
+        early = [asyncio.ensure_future(chain(f"short-{i}", 1)) for i in range(4)]
+        await asyncio.sleep(0)  # the short ones queue; one admission has not run yet
+        late = asyncio.ensure_future(chain("long", 9))
+        await asyncio.gather(*early, late)
+        return log
+
+    log = asyncio.run(scenario())
+    assert log.index("long") <= 1, log  # at most the one short chain admitted first
+
+
+def test_a_cancelled_start_takes_no_admission() -> None:
+    async def scenario() -> list[str]:
+        order = StartOrder(per_tick=1)
+        log: list[str] = []
+
+        async def chain(name: str, calls: int) -> None:
+            await order.wait(calls)
+            log.append(name)
+
+        gone = asyncio.ensure_future(chain("gone", 9))
+        kept = asyncio.ensure_future(chain("kept", 1))
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.wait_for(kept, timeout=1)
+        return log
+
+    assert asyncio.run(scenario()) == ["kept"]
+
+
+def test_start_order_needs_at_least_one_admission_per_iteration() -> None:
+    with pytest.raises(ValueError, match="per_tick"):
+        StartOrder(per_tick=0)
 
 
 # ----------------------------------------------------------------------------- bulk store

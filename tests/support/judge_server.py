@@ -32,6 +32,8 @@ class Call:
     document: dict[str, Any]
     request: dict[str, Any]
     received_at: float = 0.0
+    #: The client's source port: calls on one keep-alive connection share it.
+    client_port: int = 0
 
 
 @dataclass
@@ -99,7 +101,8 @@ def _app(server: JudgeServer) -> Starlette:
             )
         document = json.loads(body["messages"][-1]["content"])
         with lock:
-            call = Call(len(server.calls) + 1, _kind(document), document, body, time.monotonic())
+            port = request.client.port if request.client else 0
+            call = Call(len(server.calls) + 1, _kind(document), document, body, time.monotonic(), port)
             server.calls.append(call)
         reply = server.script(call)
         server.in_flight += 1

@@ -27,4 +27,5 @@ def build_judge(settings: Settings) -> Judge:
         extra_body=settings.judge_extra_body,
         retry=retry,
         outage_deadline_s=settings.judge_outage_deadline_s,
+        keepalive_s=settings.judge_keepalive_s,
     )

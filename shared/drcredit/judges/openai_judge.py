@@ -78,10 +78,18 @@ _QUIET_HEADERS: Any = {
 MAX_CONNECTIONS = 65536
 
 
-def _http_client() -> Any:
+#: Idle seconds before a pooled connection is dropped: under the 5 s keep-alive of
+#: uvicorn-based judge servers (vLLM, SGLang), so a step never reuses a connection the
+#: server has just closed (its request fails: "Can not write request body").
+DEFAULT_KEEPALIVE_S = 4.0
+
+
+def _http_client(keepalive_s: float) -> Any:
     """The client's aiohttp transport (measured cheaper per call than its default one)."""
     return openai.DefaultAioHttpClient(
-        limits=httpx2.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=None, keepalive_expiry=60.0)
+        limits=httpx2.Limits(
+            max_connections=MAX_CONNECTIONS, max_keepalive_connections=None, keepalive_expiry=keepalive_s
+        )
     )
 
 
@@ -101,6 +109,7 @@ class OpenAIJudge(Judge):
         extra_body: dict[str, Any] | None = None,
         retry: RetryPolicy | None = None,
         outage_deadline_s: float = 600.0,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
     ):
         base = base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         self.base_url = base.rstrip("/")
@@ -112,6 +121,7 @@ class OpenAIJudge(Judge):
         self.temperature = temperature
         self.response_format: ResponseFormat = response_format
         self.extra_body = extra_body or {}
+        self.keepalive_s = keepalive_s
         #: One client (and connection pool) per event loop: the worker's engine loop, or
         #: a short-lived loop of a synchronous call.
         self._clients: dict[asyncio.AbstractEventLoop, AsyncOpenAI] = {}
@@ -130,7 +140,7 @@ class OpenAIJudge(Judge):
                 base_url=self.base_url,
                 timeout=self.timeout_s,
                 max_retries=0,
-                http_client=_http_client(),
+                http_client=_http_client(self.keepalive_s),
                 default_headers=_QUIET_HEADERS,
             )
             with self._lock:

@@ -10,70 +10,21 @@ transaction, so the database work per judgment is a row in a multi-row statement
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from typing import Any, Generic, TypeVar
 
 from drcredit.process import new_event_loop
+from drcredit.scoring.priority import PrioritySlots, StartOrder
 
 log = logging.getLogger("drcredit.engine")
 
 T = TypeVar("T")
 Item = TypeVar("Item")
 Out = TypeVar("Out")
-
-
-class PrioritySlots:
-    """A semaphore that hands a freed slot to the waiter with the highest priority.
-
-    When more chains are ready than the judge takes at once, a plain (FIFO) semaphore
-    sends a chain that has just been answered to the back of the queue for its next
-    call, so a step's longest chains, which decide its wall time, wait once per call.
-    Priority is the caller's remaining work (a chain's calls still to make): the longest
-    remaining path goes first, the rule that keeps a schedule near its critical path.
-    Equal priorities are served in arrival order. Only used from the engine loop.
-    """
-
-    def __init__(self, slots: int):
-        self._free = slots
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
-
-    async def acquire(self, priority: int) -> None:
-        # A free slot means nobody waits: a release hands its slot to a live waiter.
-        if self._free > 0:
-            self._free -= 1
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (-priority, next(self._arrivals), granted))
-        try:
-            await granted
-        except asyncio.CancelledError:
-            if granted.done() and not granted.cancelled():
-                self.release()  # handed a slot just as it was cancelled: pass it on
-            raise
-
-    def release(self) -> None:
-        while self._waiters:
-            _, _, granted = heapq.heappop(self._waiters)
-            if not granted.done():
-                granted.set_result(None)  # the slot passes straight to the waiter
-                return
-        self._free += 1
-
-    @asynccontextmanager
-    async def slot(self, priority: int = 0) -> AsyncIterator[None]:
-        await self.acquire(priority)
-        try:
-            yield
-        finally:
-            self.release()
 
 
 K = TypeVar("K")
@@ -122,6 +73,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._db_pool = ThreadPoolExecutor(db_threads, thread_name_prefix="drcredit-db")
         self._judge_slots: PrioritySlots | None = None
+        self._start_order: StartOrder | None = None
         self._start_lock = threading.Lock()
         self._closing: list[Callable[[], Awaitable[None]]] = []
 
@@ -157,6 +109,13 @@ class Engine:
         if self._judge_slots is None:
             self._judge_slots = PrioritySlots(self.judge_concurrency)
         return self._judge_slots
+
+    @property
+    def start_order(self) -> StartOrder:
+        """The order in which this process's chains make their first call: longest first."""
+        if self._start_order is None:
+            self._start_order = StartOrder()
+        return self._start_order
 
     def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run ``hook`` on the loop when the engine closes (release connections)."""

@@ -26,7 +26,7 @@ from drcredit.domain.group import GroupContent, Rubric, VisitTurn
 from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import VisitVerdict
 from drcredit.judges.base import JudgeResult, VisitJudgeRequest
-from drcredit.scoring.engine import PrioritySlots
+from drcredit.scoring.priority import PrioritySlots
 from drcredit.scoring.unit_context import UnitContext
 from drcredit.scoring.units import Claimed, Stopping, StoreOutcome, UnitOutcome, Write, judgment_values
 from drcredit.storage.bulk import JudgmentRow
@@ -67,6 +67,8 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
     # judge concurrency in answers, as when the store was awaited first.
     pending: asyncio.Task[StoreOutcome] | None = None
     pending_finishes = False
+    # The first call waits its turn behind longer chains (see StartOrder).
+    await ctx.engine.start_order.wait(sum(1 for u in chain.turn_indices if u not in done))
     while True:
         t = next((u for u in chain.turn_indices if u not in done), None)
         if t is None or ctx.stopping.is_set():

@@ -1,0 +1,111 @@
+"""Who goes first on a process's event loop: the step's longest chains.
+
+A step ends when its longest chain of dependent judge calls does, so wherever chains
+queue, the one with the most calls still to make should be served first (the rule
+that keeps a schedule near its critical path). Both primitives here are only used
+from the engine loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class PrioritySlots:
+    """A semaphore that hands a freed slot to the waiter with the highest priority.
+
+    When more chains are ready than the judge takes at once, a plain (FIFO) semaphore
+    sends a chain that has just been answered to the back of the queue for its next
+    call, so a step's longest chains, which decide its wall time, wait once per call.
+    Priority is the caller's remaining work (a chain's calls still to make): the longest
+    remaining path goes first, the rule that keeps a schedule near its critical path.
+    Equal priorities are served in arrival order. Only used from the engine loop.
+    """
+
+    def __init__(self, slots: int):
+        self._free = slots
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    async def acquire(self, priority: int) -> None:
+        # A free slot means nobody waits: a release hands its slot to a live waiter.
+        if self._free > 0:
+            self._free -= 1
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (-priority, next(self._arrivals), granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():
+                self.release()  # handed a slot just as it was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        while self._waiters:
+            _, _, granted = heapq.heappop(self._waiters)
+            if not granted.done():
+                granted.set_result(None)  # the slot passes straight to the waiter
+                return
+        self._free += 1
+
+    @asynccontextmanager
+    async def slot(self, priority: int = 0) -> AsyncIterator[None]:
+        await self.acquire(priority)
+        try:
+            yield
+        finally:
+            self.release()
+
+
+class StartOrder:
+    """Admits chains to their first call highest priority first, a few per loop iteration.
+
+    A step's first wave is every chain of every group starting at once: on a busy
+    loop, callbacks run in arrival order, so a long chain of a group stored a moment
+    later waited behind the first calls of hundreds of short chains, and its first
+    answer behind their sends (0.4-1.1 s of a 11 s step, BENCHMARKS.md, sixth round).
+    Waiting chains are admitted ``per_tick`` at a time, once per iteration of the
+    loop (a call scheduled with ``call_soon`` runs after what is already queued), so
+    a long chain that arrives late passes the short ones still waiting, and answers
+    arriving meanwhile are handled between admissions. On an idle loop an admission
+    costs one iteration.
+    """
+
+    def __init__(self, per_tick: int = 64):
+        if per_tick < 1:
+            raise ValueError("per_tick must be at least 1")
+        self.per_tick = per_tick
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+        self._scheduled = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def wait(self, priority: int) -> None:
+        """Return when admitted (``priority``: the chain's calls to make; more goes first)."""
+        loop = asyncio.get_running_loop()
+        granted: asyncio.Future[None] = loop.create_future()
+        heapq.heappush(self._waiters, (-priority, next(self._arrivals), granted))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._admit, loop)
+        await granted
+
+    def _admit(self, loop: asyncio.AbstractEventLoop) -> None:
+        admitted = 0
+        while self._waiters and admitted < self.per_tick:
+            _, _, granted = heapq.heappop(self._waiters)
+            if not granted.done():  # a cancelled waiter takes no admission
+                granted.set_result(None)
+                admitted += 1
+        if self._waiters:
+            loop.call_soon(self._admit, loop)
+        else:
+            self._scheduled = False
