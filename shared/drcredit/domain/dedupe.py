@@ -11,17 +11,20 @@ them and pays those database round trips only where they can save a judge call.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Iterable
+
+import orjson
 
 from drcredit.domain.credit import RolloutPlan
 from drcredit.domain.group import Rollout, SearchResult, VisitTurn
 
 
 def _digest(value: object) -> str:
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    # Compact UTF-8 JSON of lists and strings, the same bytes as the standard library's
+    # ``separators=(",", ":"), ensure_ascii=False``; orjson makes them ~30x faster (the
+    # standard encoder was a fifth of the API's CPU while ingesting a step).
+    return hashlib.blake2b(orjson.dumps(value), digest_size=16).hexdigest()
 
 
 def visit_signature(rollout: Rollout, turn_index: int) -> str:
