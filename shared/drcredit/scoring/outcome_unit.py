@@ -39,6 +39,10 @@ async def run_outcome_unit(ctx: UnitContext, unit: Claimed, owner: str) -> UnitO
     rubrics = {r.id: r for r in content.rubrics}
 
     async def one(kind: str, key: str) -> tuple[str, str, JudgeResult[Any], StoreOutcome]:
+        # A call no other call waits on: it starts after every visit chain waiting to
+        # start (depth 1 in the start order), so a step's outcome calls, hundreds at
+        # once, do not delay the first calls of its longest chains.
+        await ctx.engine.start_order.wait(1)
         if kind == RUBRIC:
             request: Any = RubricJudgeRequest(content.question, rubrics[key], report)
             prompt = ctx.judge.rubric_prompt(request)

@@ -63,7 +63,10 @@ class PrioritySlots:
 
 
 class StartOrder:
-    """Admits chains to their first call highest priority first, a few per loop iteration.
+    """Admits units to their first call, deepest first, a few per loop iteration.
+
+    A visit chain waits with its number of calls; a snippet or outcome call, which no
+    other call waits on, with 1.
 
     A step's first wave is every chain of every group starting at once: on a busy
     loop, callbacks run in arrival order, so a long chain of a group stored a moment

@@ -20,6 +20,9 @@ from drcredit.storage.bulk import JudgmentRow
 async def run_snippet(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
     group_pk, params = unit.group_pk, unit.params
     if not unit.snippet_done:
+        # One call, the last of its path: it starts after the visit chains waiting to
+        # start (depth 1 in the start order).
+        await ctx.engine.start_order.wait(1)
         request = await _request(ctx, unit)
         prompt = ctx.judge.snippet_prompt(request)
         key = prompt.cache_key(ctx.judge.model) if unit.dedupe_turns else None
