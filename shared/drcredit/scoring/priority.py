@@ -71,8 +71,8 @@ class StartOrder:
     A step's first wave is every chain of every group starting at once: on a busy
     loop, callbacks run in arrival order, so a long chain of a group stored a moment
     later waited behind the first calls of hundreds of short chains, and its first
-    answer behind their sends (0.4-1.1 s of a 11 s step, BENCHMARKS.md, sixth round).
-    Waiting chains are admitted ``per_tick`` at a time, once per iteration of the
+    answer behind their sends (0.4-1.1 s of an 11 s step, BENCHMARKS.md, sixth round).
+    Waiting units are admitted ``per_tick`` at a time, once per iteration of the
     loop (a call scheduled with ``call_soon`` runs after what is already queued), so
     a long chain that arrives late passes the short ones still waiting, and answers
     arriving meanwhile are handled between admissions. On an idle loop an admission
