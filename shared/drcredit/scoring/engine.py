@@ -25,8 +25,6 @@ log = logging.getLogger("drcredit.engine")
 T = TypeVar("T")
 Item = TypeVar("Item")
 Out = TypeVar("Out")
-
-
 K = TypeVar("K")
 V = TypeVar("V")
 
