@@ -145,6 +145,12 @@ def test_a_cancelled_waiter_does_not_keep_a_slot() -> None:
 # ----------------------------------------------------------------------------- start order
 
 
+async def start(order: StartOrder, log: list[str], name: str, calls: int) -> None:
+    """A unit waiting for its first call; logs its name once admitted."""
+    await order.wait(calls)
+    log.append(name)
+
+
 def test_chains_waiting_to_start_go_longest_first_a_few_per_loop_iteration() -> None:
     """Waiters are admitted by priority (then arrival), ``per_tick`` per loop
     iteration, so other work runs between admissions."""
@@ -153,12 +159,8 @@ def test_chains_waiting_to_start_go_longest_first_a_few_per_loop_iteration() -> 
         order = StartOrder(per_tick=2)
         log: list[str] = []
 
-        async def chain(name: str, calls: int) -> None:
-            await order.wait(calls)
-            log.append(name)
-
         tasks = [
-            asyncio.ensure_future(chain(name, calls))
+            asyncio.ensure_future(start(order, log, name, calls))
             for name, calls in [("short", 1), ("long-a", 11), ("middle", 5), ("long-b", 11), ("tiny", 1)]
         ]
         admitted = []
@@ -179,13 +181,9 @@ def test_a_long_chain_arriving_later_passes_short_ones_still_waiting() -> None:
         order = StartOrder(per_tick=1)
         log: list[str] = []
 
-        async def chain(name: str, calls: int) -> None:
-            await order.wait(calls)
-            log.append(name)
-
-        early = [asyncio.ensure_future(chain(f"short-{i}", 1)) for i in range(4)]
+        early = [asyncio.ensure_future(start(order, log, f"short-{i}", 1)) for i in range(4)]
         await asyncio.sleep(0)  # the short ones queue; one admission has not run yet
-        late = asyncio.ensure_future(chain("long", 9))
+        late = asyncio.ensure_future(start(order, log, "long", 9))
         await asyncio.gather(*early, late)
         return log
 
@@ -198,12 +196,8 @@ def test_a_cancelled_start_takes_no_admission() -> None:
         order = StartOrder(per_tick=1)
         log: list[str] = []
 
-        async def chain(name: str, calls: int) -> None:
-            await order.wait(calls)
-            log.append(name)
-
-        gone = asyncio.ensure_future(chain("gone", 9))
-        kept = asyncio.ensure_future(chain("kept", 1))
+        gone = asyncio.ensure_future(start(order, log, "gone", 9))
+        kept = asyncio.ensure_future(start(order, log, "kept", 1))
         await asyncio.sleep(0)
         gone.cancel()
         await asyncio.wait_for(kept, timeout=1)

@@ -110,7 +110,7 @@ class Engine:
 
     @property
     def start_order(self) -> StartOrder:
-        """The order in which this process's chains make their first call: longest first."""
+        """The order in which this process's units make their first call: deepest first."""
         if self._start_order is None:
             self._start_order = StartOrder()
         return self._start_order

@@ -15,6 +15,32 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 
+class _Waiters:
+    """Waiters granted highest priority first, then in arrival order; a cancelled
+    waiter is skipped, never granted."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def add(self, priority: int) -> asyncio.Future[None]:
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (-priority, next(self._arrivals), granted))
+        return granted
+
+    def grant_next(self) -> bool:
+        """Grant the first live waiter; False when none is left."""
+        while self._heap:
+            _, _, granted = heapq.heappop(self._heap)
+            if not granted.done():
+                granted.set_result(None)
+                return True
+        return False
+
+
 class PrioritySlots:
     """A semaphore that hands a freed slot to the waiter with the highest priority.
 
@@ -28,16 +54,14 @@ class PrioritySlots:
 
     def __init__(self, slots: int):
         self._free = slots
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
+        self._waiters = _Waiters()
 
     async def acquire(self, priority: int) -> None:
         # A free slot means nobody waits: a release hands its slot to a live waiter.
         if self._free > 0:
             self._free -= 1
             return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (-priority, next(self._arrivals), granted))
+        granted = self._waiters.add(priority)
         try:
             await granted
         except asyncio.CancelledError:
@@ -46,12 +70,8 @@ class PrioritySlots:
             raise
 
     def release(self) -> None:
-        while self._waiters:
-            _, _, granted = heapq.heappop(self._waiters)
-            if not granted.done():
-                granted.set_result(None)  # the slot passes straight to the waiter
-                return
-        self._free += 1
+        if not self._waiters.grant_next():  # the slot passes straight to a waiter
+            self._free += 1
 
     @asynccontextmanager
     async def slot(self, priority: int = 0) -> AsyncIterator[None]:
@@ -83,19 +103,13 @@ class StartOrder:
         if per_tick < 1:
             raise ValueError("per_tick must be at least 1")
         self.per_tick = per_tick
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
+        self._waiters = _Waiters()
         self._scheduled = False
 
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
     async def wait(self, priority: int) -> None:
-        """Return when admitted (``priority``: the chain's calls to make; more goes first)."""
+        """Return when admitted (``priority``: the unit's calls to make; more goes first)."""
         loop = asyncio.get_running_loop()
-        granted: asyncio.Future[None] = loop.create_future()
-        heapq.heappush(self._waiters, (-priority, next(self._arrivals), granted))
+        granted = self._waiters.add(priority)
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._admit, loop)
@@ -103,11 +117,8 @@ class StartOrder:
 
     def _admit(self, loop: asyncio.AbstractEventLoop) -> None:
         admitted = 0
-        while self._waiters and admitted < self.per_tick:
-            _, _, granted = heapq.heappop(self._waiters)
-            if not granted.done():  # a cancelled waiter takes no admission
-                granted.set_result(None)
-                admitted += 1
+        while admitted < self.per_tick and self._waiters.grant_next():
+            admitted += 1
         if self._waiters:
             loop.call_soon(self._admit, loop)
         else:
