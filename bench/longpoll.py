@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import psycopg
 import redis
 
@@ -46,25 +46,32 @@ def _finished_at(database_url: str, group_ids: list[str]) -> dict[str, float]:
 
 
 def _measure(api: str, database_url: str, n: int, spacing_s: float) -> dict[str, Any]:
-    """One asyncio client (no thread per waiter, whose scheduling would add its own delay)."""
+    """One asyncio client (no thread per waiter, whose scheduling would add its own delay).
+
+    The client is aiohttp's: with 200 long-polls open on one ``httpx.AsyncClient``, httpx
+    itself took a median ~100 ms (up to ~370 ms) from the API's answer being sent (its
+    access log) to the answer in hand, more than the platform's whole path; aiohttp
+    took 0.5 ms (2 ms p90) in the same runs (BENCHMARKS.md, seventh round).
+    """
     tag = uuid.uuid4().hex[:6]
     docs = [make_group(7000 + i, f"lp-{tag}-{i}", rollouts=2) for i in range(n)]
     received: dict[str, float] = {}
 
     async def run() -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as client:
 
             async def wait_for(group_id: str) -> None:
                 while True:
-                    r = await client.get(f"{api}/v1/groups/{group_id}/advantages", params={"wait": 60})
-                    if r.status_code == 200:
-                        received[group_id] = time.time()
-                        return
+                    async with client.get(f"{api}/v1/groups/{group_id}/advantages", params={"wait": 60}) as r:
+                        await r.read()
+                        if r.status == 200:
+                            received[group_id] = time.time()
+                            return
 
             waiters = []
             for doc in docs:
-                (await client.post(f"{api}/v1/groups", json=doc)).raise_for_status()
+                async with client.post(f"{api}/v1/groups", json=doc) as r:
+                    r.raise_for_status()
                 waiters.append(asyncio.create_task(wait_for(doc["group_id"])))
                 await asyncio.sleep(spacing_s)
             await asyncio.gather(*waiters)

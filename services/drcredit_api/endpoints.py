@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
+import orjson
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -86,27 +87,41 @@ async def read_db(rt: Runtime, fn: Callable[[Any], T], *, writes: bool = False) 
 
 FINAL = ("done", "failed")
 
+#: What a long-poll's read gives: the group row ids still running (then it may wait for
+#: them), or the answer.
+Polled = tuple[list[int], T | None]
 
-async def _wait_until_final(rt: Runtime, statuses: Callable[[Any], dict[int, str]], wait: float) -> None:
-    """Long-poll: return once every group is final, or when the wait runs out.
 
-    The statuses are read again only when the groups are reported finished (see
-    :mod:`drcredit.scoring.events`), or after the events' recheck interval.
+async def _long_poll(rt: Runtime, wait: float, read: Callable[[Any, bool], Polled[T]]) -> T:
+    """Answer once every group is final, or when the wait runs out (the answer then says
+    what is not final: 409).
+
+    ``read(session, may_wait)`` reads the groups' states and, when they are final or
+    ``may_wait`` is false, the answer itself: in one session, so the read that sees the
+    last group final is the one that answers. States are read again only when the
+    groups are reported finished (:mod:`drcredit.scoring.events`) or after the
+    events' recheck interval.
     """
     deadline = time.monotonic() + min(wait, rt.settings.max_wait_s)
     events = rt.pipeline.events
 
-    def pending(current: dict[int, str]) -> list[int]:
-        return [pk for pk, status in current.items() if status not in FINAL]
+    def polled(may_wait: bool) -> Callable[[Any], Polled[T]]:
+        return lambda s: read(s, may_wait)
 
-    current = await read_db(rt, statuses)
-    while pending(current) and time.monotonic() < deadline:
-        with events.watching(pending(current)) as subscription:
+    pending, answer = await read_db(rt, polled(time.monotonic() < deadline))
+    while answer is None:
+        with events.watching(pending) as subscription:
             # Read again once subscribed: a group finished in between is seen here.
-            current = await read_db(rt, statuses)
-            if pending(current):
+            pending, answer = await read_db(rt, polled(True))
+            if answer is None:
                 await events.wait(subscription, deadline - time.monotonic())
-                current = await read_db(rt, statuses)
+                pending, answer = await read_db(rt, polled(time.monotonic() < deadline))
+    return answer
+
+
+def _json(body: Any) -> Response:
+    """An answer already in JSON (stored documents are served as they were stored)."""
+    return Response(content=orjson.dumps(body), media_type="application/json")
 
 
 # ---------------------------------------------------------------------------- ingest
@@ -170,38 +185,46 @@ async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
     return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
 
 
-def _group_statuses(tenant: str, group_id: str) -> Callable[[Any], dict[int, str]]:
-    def statuses(s: Any) -> dict[int, str]:
-        if not is_valid_group_id(group_id):
+def _one_group(tenant: str, group_id: str) -> Any:
+    def state(s: Any) -> Any:
+        rows = documents.final_states(s, tenant, [group_id]) if is_valid_group_id(group_id) else []
+        if not rows:
             raise NotFound(f"group {group_id!r} not found")
-        row = s.execute(
-            select(m.Group.id, m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
-        ).one_or_none()
-        if row is None:
-            raise NotFound(f"group {group_id!r} not found")
-        return {row.id: row.status}
+        return rows[0]
 
-    return statuses
+    return state
 
 
 @router.get(
     "/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=RESULT, tags=["results"]
 )
-async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
+async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> Response:
     """Per-turn advantages once the group is done; ``409`` with its status before that."""
-    await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
-    return await read_db(
-        rt, lambda s: documents.advantages_document(s, documents.find_group(s, tenant, group_id, full=True))
-    )
+    state = _one_group(tenant, group_id)
+
+    def read(s: Any, may_wait: bool) -> Polled[Response]:
+        row = state(s)
+        if row.status not in FINAL and may_wait:
+            return [row.id], None
+        if row.status != "done":
+            documents.require_done(documents.find_group(s, tenant, group_id))
+        return [], _json(documents.final_advantages(s, tenant, [row])[0])
+
+    return await _long_poll(rt, wait, read)
 
 
 @router.get("/v1/groups/{group_id}/credits", response_model=schemas.CreditsDocument, responses=RESULT, tags=["results"])
 async def get_credits(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
     """The breakdown behind the advantages: credit parts, judgments, support histories."""
-    await _wait_until_final(rt, _group_statuses(tenant, group_id), wait)
-    return await read_db(
-        rt, lambda s: documents.credits_document(s, documents.find_group(s, tenant, group_id, full=True))
-    )
+    state = _one_group(tenant, group_id)
+
+    def read(s: Any, may_wait: bool) -> Polled[dict[str, Any]]:
+        row = state(s)
+        if row.status not in FINAL and may_wait:
+            return [row.id], None
+        return [], documents.credits_document(s, documents.find_group(s, tenant, group_id, full=True))
+
+    return await _long_poll(rt, wait, read)
 
 
 @router.post(
@@ -231,16 +254,9 @@ def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
     return [rows[g] for g in batch.group_ids]
 
 
-def _batch_statuses(s: Any, tenant: str, batch_id: str) -> dict[int, str]:
-    """The groups' statuses alone, by group row id (what the long-poll waits on)."""
-    group_ids = documents.find_batch(s, tenant, batch_id).group_ids
-    rows = s.execute(
-        select(m.Group.id, m.Group.status).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids))
-    )
-    return {pk: status for pk, status in rows}
-
-
-def _batch_status(groups: list[m.Group]) -> str:
+def _batch_status(groups: list[Any]) -> str:
+    """done, failed (every group final, some failed), running or queued; of group rows or
+    :func:`documents.final_states` rows."""
     statuses = {g.status for g in groups}
     if statuses <= {"done"}:
         return "done"
@@ -267,28 +283,29 @@ async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
 @router.get(
     "/v1/batches/{batch_id}/advantages", response_model=schemas.BatchAdvantages, responses=RESULT, tags=["results"]
 )
-async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> dict[str, Any]:
+async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> Response:
     """Advantages of every group of a batch; ``409`` until every group has finished.
 
     A failed group appears with its status and error in place of its advantages.
     """
-    await _wait_until_final(rt, lambda s: _batch_statuses(s, tenant, batch_id), wait)
 
-    def run(s: Any) -> dict[str, Any]:
-        groups = _batch_groups(s, tenant, batch_id)
-        pending = [g for g in groups if g.status not in ("done", "failed")]
+    def read(s: Any, may_wait: bool) -> Polled[Response]:
+        rows = documents.final_states(s, tenant, documents.find_batch(s, tenant, batch_id).group_ids)
+        pending = [r for r in rows if r.status not in FINAL]
+        if pending and may_wait:
+            return [r.id for r in pending], None
         if pending:
             raise NotReady(
-                _batch_status(groups), f"batch {batch_id!r}: {len(pending)} of {len(groups)} groups not finished"
+                _batch_status(rows), f"batch {batch_id!r}: {len(pending)} of {len(rows)} groups not finished"
             )
-        done = documents.advantages_documents(s, tenant, [g.group_id for g in groups if g.status == "done"])
+        done = iter(documents.final_advantages(s, tenant, [r for r in rows if r.status == "done"]))
         docs = [
-            done[g.group_id] if g.status == "done" else {"group_id": g.group_id, "status": g.status, "error": g.error}
-            for g in groups
+            next(done) if r.status == "done" else {"group_id": r.group_id, "status": r.status, "error": r.error}
+            for r in rows
         ]
-        return {"batch_id": batch_id, "status": _batch_status(groups), "groups": docs}
+        return [], _json({"batch_id": batch_id, "status": _batch_status(rows), "groups": docs})
 
-    return await read_db(rt, run)
+    return await _long_poll(rt, wait, read)
 
 
 # ---------------------------------------------------------------------------- operations

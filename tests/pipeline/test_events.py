@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.events import GroupEvents, NotificationListener, announce_final
@@ -55,6 +57,22 @@ def test_without_a_source_of_reports_waiters_recheck_quickly() -> None:
     assert events.recheck_s >= 1.0
 
 
+def test_everyone_look_again_wakes_every_waiter_without_a_report() -> None:
+    events = GroupEvents()
+    events.local = True
+
+    async def main() -> list[set[int]]:
+        with events.watching([1, 2]) as first, events.watching([3]) as second:
+            threading.Timer(0.05, events.everyone_look_again).start()
+            started = time.monotonic()
+            await events.wait(first, timeout=30)
+            await events.wait(second, timeout=30)
+            assert time.monotonic() - started < 5
+            return [first.pending, second.pending]
+
+    assert asyncio.run(main()) == [set(), set()]
+
+
 def test_a_finished_waiter_leaves_no_subscription_behind() -> None:
     events = GroupEvents()
 
@@ -88,7 +106,7 @@ def test_a_committed_announcement_reaches_a_listener_and_a_rolled_back_one_does_
                         raise RuntimeError("roll back")
                     with db.session() as s:
                         announce_final(s, 42)
-                    await events.wait(sub, timeout=30)
+                    await events.wait(sub, timeout=1.0)
                     after_first = set(sub.pending)
                 with events.watching([41]) as sub:
                     with db.session() as s:
@@ -98,9 +116,50 @@ def test_a_committed_announcement_reaches_a_listener_and_a_rolled_back_one_does_
 
             pending_after_rollback, pending_after_commit = asyncio.run(main())
             # Only 42 was announced by a committed transaction; the wait ended at its
-            # recheck time with 41 still pending. Then 41's committed announcement came.
+            # timeout with 41 still pending. Then 41's committed announcement came.
             assert pending_after_rollback == {41}
             assert pending_after_commit == set()
+        finally:
+            listener.stop()
+            listener.join(10)
+            db.dispose()
+
+
+@pytest.mark.infra
+def test_waiters_look_again_when_the_listener_loses_and_regains_its_connection() -> None:
+    """No announcement reaches this process while its listener is away: the waiters are
+    woken when it goes (to poll) and when it is back (to catch what they missed)."""
+    with postgres_database() as url:
+        db = Database(url)
+        events = GroupEvents()
+        conninfo = db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        listener = NotificationListener(conninfo, events)
+        try:
+
+            async def woken_by(action: Callable[[], object]) -> float:
+                with events.watching([99]) as sub:
+                    started = time.monotonic()
+                    action()
+                    await events.wait(sub, timeout=30)
+                    assert sub.pending == set()  # woken, not timed out
+                    return time.monotonic() - started
+
+            def drop_the_listeners_connection() -> None:
+                with db.session() as s:
+                    s.execute(
+                        text(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                            " WHERE query LIKE 'LISTEN drcredit_group_final%' AND pid <> pg_backend_pid()"
+                        )
+                    )
+
+            assert asyncio.run(woken_by(listener.start)) < 10  # connected: look again
+            assert events.listening
+            assert asyncio.run(woken_by(drop_the_listeners_connection)) < 10  # lost: poll
+            deadline = time.monotonic() + 30
+            while not events.listening and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert events.listening  # back after its backoff
         finally:
             listener.stop()
             listener.join(10)

@@ -129,3 +129,14 @@ def test_revision_0003_carries_attempts_and_support_histories_over_and_back(data
         _rows(url, "SELECT judgment_pk, number, outcome, error FROM judgment_attempts ORDER BY 1, 2") == attempts_before
     )
     assert _rows(url, "SELECT position, turn_index, text FROM support_points ORDER BY position") == points_before
+
+
+def test_revision_0007_adds_the_stored_advantages_document_and_goes_back_cleanly(database_url: str) -> None:
+    upgrade(database_url, "0006")
+    assert "advantages_json" not in columns(database_url, "groups")
+    upgrade(database_url, "0007")
+    assert "advantages_json" in columns(database_url, "groups")
+    downgrade(database_url, "0006")
+    assert "advantages_json" not in columns(database_url, "groups")
+    upgrade(database_url)
+    assert schema_differences(database_url) == []

@@ -18,6 +18,7 @@ from drcredit import metrics
 from drcredit.domain.advantages import GroupAdvantages, group_advantages
 from drcredit.domain.credit import Judgments, RolloutCredits, group_credits
 from drcredit.domain.group import GroupContent
+from drcredit.scoring import documents
 from drcredit.scoring.content import outlined_rollouts, parse_rubrics
 from drcredit.scoring.events import GroupEvents, announce_final
 from drcredit.scoring.outcomes import breakdown_json, group_breakdowns
@@ -87,10 +88,12 @@ class Aggregator:
                     "research_turns": st.research_turns,
                     "unscorable_turns": st.unscorable_turns,
                 }
+                # The document a long-poll serves, built from the rows just written.
+                document = documents.done_advantages_json(s, group_pk, stats)
                 # Stamped last, just before the commit: finished_at is when the group's
                 # results became visible (what a long-poll's latency is measured from).
                 stamp = utcnow()
-                repo.finish_group(s, group_pk, stats, None, stamp)
+                repo.finish_group(s, group_pk, stats, None, stamp, document)
             announce_final(s, group_pk)
         self.events.finished([group_pk])
         metrics.GROUPS_FINISHED.labels("failed" if failed else "done").inc()

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
 from sqlalchemy import Integer, func, select
 from sqlalchemy.orm import Session, selectinload
 
@@ -13,6 +14,11 @@ from drcredit.domain.group import is_valid_group_id
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.storage import models as m
 from drcredit.storage.histories import support_histories
+
+
+def _with_turns() -> Any:
+    """Rollouts and their turns' results, never their posted bodies (megabytes of page text)."""
+    return selectinload(m.Group.rollouts).selectinload(m.Rollout.turns).defer(m.Turn.body, raiseload=True)
 
 
 def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) -> m.Group:
@@ -25,8 +31,7 @@ def find_group(s: Session, tenant: str, group_id: str, *, full: bool = False) ->
         raise NotFound(f"group {group_id!r} not found")
     query = select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id)
     if full:
-        turns = selectinload(m.Group.rollouts).selectinload(m.Rollout.turns).defer(m.Turn.body, raiseload=True)
-        query = query.options(turns)
+        query = query.options(_with_turns())
     row = s.scalar(query)
     if row is None:
         raise NotFound(f"group {group_id!r} not found")
@@ -117,9 +122,10 @@ def advantages_documents(s: Session, tenant: str, group_ids: Sequence[str]) -> d
     one statement per table instead of a handful per group."""
     if not group_ids:
         return {}
-    turns = selectinload(m.Group.rollouts).selectinload(m.Rollout.turns).defer(m.Turn.body, raiseload=True)
     groups = list(
-        s.scalars(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids)).options(turns))
+        s.scalars(
+            select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids)).options(_with_turns())
+        )
     )
     counts = progress_of(s, groups)
     return {g.group_id: advantages_document(s, g, counts[g.id]) for g in groups}
@@ -128,7 +134,25 @@ def advantages_documents(s: Session, tenant: str, group_ids: Sequence[str]) -> d
 def advantages_document(s: Session, group: m.Group, counts: dict[str, int] | None = None) -> dict[str, Any]:
     """API.md's advantages document for a done group, with its judgment counts."""
     require_done(group)
-    stats = group.stats or {}
+    return _advantages(group, group.status, group.stats or {}, counts if counts is not None else progress(s, group))
+
+
+def done_advantages_json(s: Session, group_pk: int, stats: dict[str, Any]) -> str:
+    """The advantages document of a group being finished with ``stats``, as JSON text.
+
+    Aggregation stores it with the results, in the transaction that makes the group
+    done. Built from the rows just written (re-read, not ORM objects loaded before the
+    writes) by the same code as :func:`advantages_document`, so it is exactly what a
+    read of the done group's rows gives; :func:`final_advantages` serves it as stored.
+    """
+    query = (
+        select(m.Group).where(m.Group.id == group_pk).options(_with_turns()).execution_options(populate_existing=True)
+    )
+    group = s.scalars(query).one()
+    return orjson.dumps(_advantages(group, "done", stats, progress(s, group))).decode()
+
+
+def _advantages(group: m.Group, status: str, stats: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
     rollouts = []
     for r in group.rollouts:
         turns = []
@@ -157,16 +181,45 @@ def advantages_document(s: Session, group: m.Group, counts: dict[str, int] | Non
         )
     return {
         "group_id": group.group_id,
-        "status": group.status,
+        "status": status,
         "params": group.params,
         "stats": {k: stats.get(k) for k in ("mu_rg", "sigma_rg", "mu_o", "sigma_o")},
-        "progress": {
-            **(counts if counts is not None else progress(s, group)),
-            "unscorable_turns": int(stats.get("unscorable_turns", 0)),
-        },
+        "progress": {**counts, "unscorable_turns": int(stats.get("unscorable_turns", 0))},
         "metadata": group.metadata_,
         "rollouts": rollouts,
     }
+
+
+#: What a long-poll reads of each group: enough to know whether it is final, and to
+#: answer at once when it is.
+_FINAL_COLUMNS = (m.Group.id, m.Group.group_id, m.Group.status, m.Group.error, m.Group.advantages_json)
+
+
+def final_states(s: Session, tenant: str, group_ids: Sequence[str]) -> list[Any]:
+    """Rows of ``_FINAL_COLUMNS`` for the groups, in the order given (missing ones left out)."""
+    rows = {
+        r.group_id: r
+        for r in s.execute(
+            select(*_FINAL_COLUMNS).where(m.Group.tenant == tenant, m.Group.group_id.in_(list(group_ids)))
+        )
+    }
+    return [rows[g] for g in group_ids if g in rows]
+
+
+def final_advantages(s: Session, tenant: str, rows: Sequence[Any]) -> list[orjson.Fragment]:
+    """The advantages documents of done groups as JSON, from :func:`final_states` rows.
+
+    A group done before documents were stored with the results (revision 0007) has its
+    document built from its rows.
+    """
+    missing = [r.group_id for r in rows if r.advantages_json is None]
+    built = advantages_documents(s, tenant, missing)
+    return [
+        orjson.Fragment(r.advantages_json)
+        if r.advantages_json is not None
+        else orjson.Fragment(orjson.dumps(built[r.group_id]))
+        for r in rows
+    ]
 
 
 def credits_document(s: Session, group: m.Group) -> dict[str, Any]:

@@ -13,7 +13,9 @@ or fails a group reports it here, and waiters re-read the database only then:
 
 A notification is only a hint to look again: waiters read the statuses from the
 database, and fall back to polling (slowly while the listener is connected, quickly
-while it is not), so a lost notification costs latency, never a wrong answer.
+while it is not), so a lost notification costs latency, never a wrong answer. When the
+listener loses or regains its connection every waiter looks again at once: a group that
+finished meanwhile was announced to nobody.
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ log = logging.getLogger("drcredit.events")
 CHANNEL = "drcredit_group_final"
 
 #: How long a waiter sleeps between reads when no notification arrives: long while a
-#: listener (or the process itself) reports completions, short when nothing does.
-RECHECK_NOTIFIED_S = 2.0
+#: listener (or the process itself) reports completions, short when nothing does. Every
+#: recheck is a read per waiting client: with hundreds of long-polls, 2 s here was a
+#: read every few milliseconds competing with the answers.
+RECHECK_NOTIFIED_S = 10.0
 RECHECK_POLLING_S = 0.1
 
 
@@ -80,6 +84,16 @@ class GroupEvents:
             try:
                 sub.loop.call_soon_threadsafe(sub.report, pk)
             except RuntimeError:  # the waiter's loop has closed: nobody is waiting
+                continue
+
+    def everyone_look_again(self) -> None:
+        """Wake every waiter to read the statuses again (no report may have been missed)."""
+        with self._lock:
+            woken = [(sub, pk) for pk, subs in self._subscriptions.items() for sub in subs]
+        for sub, pk in woken:
+            try:
+                sub.loop.call_soon_threadsafe(sub.report, pk)
+            except RuntimeError:
                 continue
 
     @contextmanager
@@ -136,6 +150,7 @@ class NotificationListener(threading.Thread):
                 with psycopg.connect(self.conninfo, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     self.events.listening = True
+                    self.events.everyone_look_again()
                     backoff = 0.5
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
@@ -145,7 +160,10 @@ class NotificationListener(threading.Thread):
                 if not self._stopping.is_set():
                     log.warning("completion notifications lost; long-polls poll until reconnected", exc_info=True)
             finally:
-                self.events.listening = False
+                if self.events.listening:
+                    self.events.listening = False
+                    # Until reconnected, waiters poll: wake them to start.
+                    self.events.everyone_look_again()
             deadline = time.monotonic() + backoff
             while not self._stopping.is_set() and time.monotonic() < deadline:
                 self._stopping.wait(0.1)

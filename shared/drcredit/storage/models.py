@@ -103,6 +103,10 @@ class Group(Base):
     #: finishing unit the only one that schedules aggregation.
     aggregation: Mapped[str] = mapped_column(String(16), default="pending")
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: The advantages document as served (API.md, JSON text), written with the results:
+    #: a done group's document never changes, and a long-poll answers from this one
+    #: column instead of the group's turns and judgment counts. Loaded only when asked.
+    advantages_json: Mapped[str | None] = mapped_column(Text, deferred=True)
     #: Set while a judgment of the group waits for an unreachable judge (SPEC section 8):
     #: since when, and the judge's last error.
     judge_waiting_since: Mapped[datetime | None] = mapped_column()

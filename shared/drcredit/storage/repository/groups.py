@@ -138,15 +138,23 @@ def flip_aggregation(s: Session, group_pks: Collection[int], at: datetime) -> li
     return list(s.connection().scalars(statement))
 
 
-def finish_group(s: Session, group_pk: int, stats: dict[str, Any] | None, error: str | None, at: datetime) -> None:
-    """Mark an aggregated group done with its stats, or failed with ``error``."""
+def finish_group(
+    s: Session,
+    group_pk: int,
+    stats: dict[str, Any] | None,
+    error: str | None,
+    at: datetime,
+    advantages_json: str | None = None,
+) -> None:
+    """Mark an aggregated group done with its stats and advantages document, or failed
+    with ``error``."""
     pg = postgres_driver(s)
     if pg is not None:
         if error is None:
             pg.execute(
-                "UPDATE groups SET status = 'done', aggregation = 'done', stats = %s::json, finished_at = %s,"
-                " started_at = COALESCE(started_at, %s), updated_at = %s WHERE id = %s",
-                (dump_json(stats), at, at, at, group_pk),
+                "UPDATE groups SET status = 'done', aggregation = 'done', stats = %s::json, advantages_json = %s,"
+                " finished_at = %s, started_at = COALESCE(started_at, %s), updated_at = %s WHERE id = %s",
+                (dump_json(stats), advantages_json, at, at, at, group_pk),
             )
         else:
             pg.execute(
@@ -156,7 +164,7 @@ def finish_group(s: Session, group_pk: int, stats: dict[str, Any] | None, error:
         return
     g = m.Group
     values: dict[str, Any] = (
-        {"status": "done", "aggregation": "done", "stats": stats, "finished_at": at}
+        {"status": "done", "aggregation": "done", "stats": stats, "advantages_json": advantages_json, "finished_at": at}
         if error is None
         else {"status": "failed", "error": error, "finished_at": at}
     )
