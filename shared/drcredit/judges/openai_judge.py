@@ -202,9 +202,7 @@ class OpenAIJudge(Judge):
             # of CPU per call; the body here is already the wire format (BENCHMARKS.md).
             # The absolute URL spares the client joining a path to its base URL on every
             # call (6% of its CPU per judgment, python -m bench.judge_client).
-            raw = await self._client().post(
-                self.url, content=orjson.dumps(body), options=_options(), cast_to=bytes
-            )
+            raw = await self._client().post(self.url, content=orjson.dumps(body), options=_options(), cast_to=bytes)
         except openai.APITimeoutError as exc:
             cause = exc.__cause__
             if type(cause).__name__ == "ConnectTimeout":
