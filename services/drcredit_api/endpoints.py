@@ -206,8 +206,7 @@ async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wa
         row = state(s)
         if row.status not in FINAL and may_wait:
             return [row.id], None
-        if row.status != "done":
-            documents.require_done(documents.find_group(s, tenant, group_id))
+        documents.require_status_done(row.group_id, row.status, row.error)
         return [], _json(documents.final_advantages(s, tenant, [row])[0])
 
     return await _long_poll(rt, wait, read)

@@ -110,11 +110,16 @@ def status_document(s: Session, group: m.Group) -> dict[str, Any]:
 
 
 def require_done(group: m.Group) -> None:
-    if group.status != "done":
-        message = f"group {group.group_id!r} is {group.status}"
-        if group.error:
-            message += f": {group.error}"
-        raise NotReady(group.status, message)
+    require_status_done(group.group_id, group.status, group.error)
+
+
+def require_status_done(group_id: str, status: str, error: str | None) -> None:
+    """``409`` with the group's status (and error) unless it is done."""
+    if status != "done":
+        message = f"group {group_id!r} is {status}"
+        if error:
+            message += f": {error}"
+        raise NotReady(status, message)
 
 
 def advantages_documents(s: Session, tenant: str, group_ids: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -80,20 +80,20 @@ class GroupEvents:
         """Report groups that became final (from any thread)."""
         with self._lock:
             woken = [(sub, pk) for pk in group_pks for sub in self._subscriptions.get(pk, ())]
+        self._report(woken)
+
+    def everyone_look_again(self) -> None:
+        """Wake every waiter to read the statuses again (a report may have been missed)."""
+        with self._lock:
+            woken = [(sub, pk) for pk, subs in self._subscriptions.items() for sub in subs]
+        self._report(woken)
+
+    @staticmethod
+    def _report(woken: list[tuple[_Subscription, int]]) -> None:
         for sub, pk in woken:
             try:
                 sub.loop.call_soon_threadsafe(sub.report, pk)
             except RuntimeError:  # the waiter's loop has closed: nobody is waiting
-                continue
-
-    def everyone_look_again(self) -> None:
-        """Wake every waiter to read the statuses again (no report may have been missed)."""
-        with self._lock:
-            woken = [(sub, pk) for pk, subs in self._subscriptions.items() for sub in subs]
-        for sub, pk in woken:
-            try:
-                sub.loop.call_soon_threadsafe(sub.report, pk)
-            except RuntimeError:
                 continue
 
     @contextmanager
