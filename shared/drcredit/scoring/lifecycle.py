@@ -62,7 +62,7 @@ class UnitLifecycle:
         """
         owner = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
         self.leases.ensure_heartbeat()
-        claims = await self.ctx.engine.db(retry_lock_conflicts, self.claim, refs, owner)
+        claims = await self.ctx.engine.db(self._claim_and_read, refs, owner)
         outcomes = await asyncio.gather(
             *(self._run_claimed(ref, claims[ref.unit_id], owner) for ref in refs), return_exceptions=True
         )
@@ -100,6 +100,17 @@ class UnitLifecycle:
             raise
         metrics.UNITS.labels(ref.kind, outcome).inc()
         return outcome
+
+    def _claim_and_read(self, refs: Sequence[UnitRef], owner: str) -> dict[int, Claimed | UnitOutcome]:
+        """Claim the units, then read the rollouts they need (one query per group), in
+        one turn of a database thread: each unit finds its content cached."""
+        claims = retry_lock_conflicts(self.claim, refs, owner)
+        self.ctx.rollouts.preload(
+            (c.group_pk, c.rollout_id)
+            for c in claims.values()
+            if isinstance(c, Claimed) and (c.payload is None or self.ctx.rollouts.header(c.group_pk) is None)
+        )
+        return claims
 
     def _unit_error(self, ref: UnitRef, exc: Exception) -> None:
         try:

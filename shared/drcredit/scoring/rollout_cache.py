@@ -9,6 +9,7 @@ loads of one rollout on the engine loop share one read.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any
 
@@ -74,6 +75,24 @@ class RolloutCache:
         content = GroupContent.model_validate(document)
         self._content.put(key, content)
         return content
+
+    def preload(self, wanted: Iterable[tuple[int, str]]) -> None:
+        """Read the content of several rollouts not cached yet, one query per group.
+
+        A delivery's units are claimed together; reading their rollouts with the claim
+        spares each rollout its own turn on the database threads, where, in a step's
+        first wave, a load waited a median 0.7 s behind the others (BENCHMARKS.md).
+        """
+        missing: dict[int, set[str]] = {}
+        for group_pk, rollout_id in wanted:
+            if self._content.get((group_pk, rollout_id)) is None:
+                missing.setdefault(group_pk, set()).add(rollout_id)
+        if not missing:
+            return
+        with self.db.read_session() as s:
+            for group_pk, rollout_ids in missing.items():
+                for rollout_id, document in repo.rollout_documents(s, group_pk, rollout_ids).items():
+                    self._content.put((group_pk, rollout_id), GroupContent.model_validate(document))
 
     async def acontent(self, group_pk: int, rollout_id: str) -> GroupContent:
         """:meth:`content` from the engine loop, read on a database thread."""

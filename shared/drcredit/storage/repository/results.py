@@ -45,6 +45,39 @@ def rollout_document(s: Session, group_pk: int, rollout_id: str) -> dict[str, An
     }
 
 
+def rollout_documents(s: Session, group_pk: int, rollout_ids: Collection[str]) -> dict[str, dict[str, Any]]:
+    """:func:`rollout_document` of several rollouts of a group, in one query."""
+    if not rollout_ids:
+        return {}
+    wanted = sorted(rollout_ids)
+    pg = postgres_driver(s)
+    rows: Sequence[Any]
+    if pg is not None:
+        rows = pg.execute(
+            "SELECT g.question, g.rubrics, r.rollout_id, r.outcome_reward, t.body FROM groups AS g"
+            " JOIN rollouts AS r ON r.group_pk = g.id AND r.rollout_id = ANY(%s)"
+            " LEFT JOIN turns AS t ON t.rollout_pk = r.id WHERE g.id = %s ORDER BY r.rollout_id, t.index",
+            (wanted, group_pk),
+        ).fetchall()
+    else:
+        rows = s.execute(
+            select(m.Group.question, m.Group.rubrics, m.Rollout.rollout_id, m.Rollout.outcome_reward, m.Turn.body)
+            .join(m.Rollout, m.Rollout.group_pk == m.Group.id)
+            .outerjoin(m.Turn, m.Turn.rollout_pk == m.Rollout.id)
+            .where(m.Group.id == group_pk, m.Rollout.rollout_id.in_(wanted))
+            .order_by(m.Rollout.rollout_id, m.Turn.index)
+        ).all()
+    out: dict[str, dict[str, Any]] = {}
+    for question, rubrics, rollout_id, reward, body in rows:
+        document = out.get(rollout_id)
+        if document is None:
+            rollout = {"id": rollout_id, "outcome_reward": reward, "turns": []}
+            document = out[rollout_id] = {"question": question, "rubrics": rubrics, "rollouts": [rollout]}
+        if body is not None:
+            document["rollouts"][0]["turns"].append(body)
+    return out
+
+
 #: The per-turn results aggregation writes (columns of ``turns``).
 TURN_RESULTS = (
     "credit",

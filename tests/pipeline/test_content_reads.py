@@ -1,0 +1,59 @@
+"""A delivery's rollouts are read with its claim, together, not one database turn each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from drcredit.scoring.runtime import Runtime
+from drcredit.storage import repository as repo
+from tests.pipeline.test_pipeline import REPEAT, levels, runtime, score
+from tests.support.api import settings_for
+from tests.support.builders import answer, group, page, rollout, search, visit
+from tests.support.judge_server import JudgeServer
+
+TWO_KINDS = group(
+    rollout(
+        "a",
+        search(("S1", "https://x.org/1", "[R1:1:fact-1]"), ("S2", "https://y.org/2", "[R1:2:fact-2]")),
+        visit(page("W1", "https://x.org/1", "[R1:2:fact-1]")),
+        answer(),
+        reward=1.0,
+    ),
+    rollout("b", visit(page("W2", "https://z.org/3", "[R1:1:fact-3]")), answer(), reward=0.0),
+)
+
+
+def test_units_find_their_rollouts_read_with_their_claim(
+    tmp_path: Path, marker_judge: JudgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the one-rollout read out of order, a group of visit chains and snippet calls
+    still scores exactly: every unit found its content cached by its delivery's claim."""
+
+    def one_by_one(*args: object) -> None:
+        raise AssertionError("a rollout was read on its own")
+
+    with runtime(tmp_path, marker_judge) as rt:
+        expected = score(rt, REPEAT)
+    monkeypatch.setattr(repo, "rollout_document", one_by_one)
+    with runtime(tmp_path / "again", marker_judge) as rt:
+        doc = score(rt, REPEAT)
+        assert levels(doc, "a") == levels(expected, "a") and levels(doc, "b") == levels(expected, "b")
+        both = score(rt, TWO_KINDS.model_copy(update={"group_id": "two-kinds"}))
+    kinds = {j["kind"] for r in both["credits"]["rollouts"] for t in r["turns"] for j in t["judgments"]}
+    assert kinds == {"visit", "snippet"}
+
+
+def test_rollouts_read_together_are_those_read_one_by_one(database_url: str, marker_judge: JudgeServer) -> None:
+    rt = Runtime.build(settings_for(database_url, marker_judge.url))
+    try:
+        sub = rt.pipeline.submit_group("t", TWO_KINDS.model_copy(update={"group_id": "together"}))
+        with rt.db.read_session() as s:
+            together = repo.rollout_documents(s, sub.group_pk, {"a", "b", "missing"})
+            alone = {r: repo.rollout_document(s, sub.group_pk, r) for r in ("a", "b")}
+            assert repo.rollout_documents(s, sub.group_pk, set()) == {}
+    finally:
+        rt.close()
+    assert together == alone
+    assert [len(together[r]["rollouts"][0]["turns"]) for r in ("a", "b")] == [3, 2]
