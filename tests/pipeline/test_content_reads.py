@@ -57,3 +57,17 @@ def test_rollouts_read_together_are_those_read_one_by_one(database_url: str, mar
         rt.close()
     assert together == alone
     assert [len(together[r]["rollouts"][0]["turns"]) for r in ("a", "b")] == [3, 2]
+
+
+def test_a_failed_read_ahead_leaves_each_unit_to_read_its_own_rollout(
+    tmp_path: Path, marker_judge: JudgeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable(*args: object) -> None:
+        raise RuntimeError("database went away for a moment")
+
+    with runtime(tmp_path, marker_judge) as rt:
+        expected = score(rt, REPEAT)
+    monkeypatch.setattr(repo, "rollout_documents", unavailable)
+    with runtime(tmp_path / "again", marker_judge) as rt:
+        doc = score(rt, REPEAT)
+    assert doc["advantages"]["rollouts"] == expected["advantages"]["rollouts"]

@@ -105,11 +105,14 @@ class UnitLifecycle:
         """Claim the units, then read the rollouts they need (one query per group), in
         one turn of a database thread: each unit finds its content cached."""
         claims = retry_lock_conflicts(self.claim, refs, owner)
-        self.ctx.rollouts.preload(
-            (c.group_pk, c.rollout_id)
-            for c in claims.values()
-            if isinstance(c, Claimed) and (c.payload is None or self.ctx.rollouts.header(c.group_pk) is None)
-        )
+        try:
+            self.ctx.rollouts.preload(
+                (c.group_pk, c.rollout_id)
+                for c in claims.values()
+                if isinstance(c, Claimed) and (c.payload is None or self.ctx.rollouts.header(c.group_pk) is None)
+            )
+        except Exception:  # the units are claimed: each reads its own rollout
+            log.warning("reading the claimed units' rollouts failed; each unit reads its own", exc_info=True)
         return claims
 
     def _unit_error(self, ref: UnitRef, exc: Exception) -> None:
