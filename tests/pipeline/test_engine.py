@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from drcredit.scoring.dispatch import UnitRef, unit_batches
 from drcredit.scoring.engine import BatchWriter, Engine, Recent
-from drcredit.scoring.priority import PrioritySlots, StartOrder
+from drcredit.scoring.priority import HOLD_MARGIN, MAX_HOLD_S, PrioritySlots, StartOrder
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database
@@ -204,6 +204,130 @@ def test_a_cancelled_start_takes_no_admission() -> None:
         return log
 
     assert asyncio.run(scenario()) == ["kept"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def admitted(order: StartOrder, calls: int) -> None:
+    """Admit one unit of ``calls`` calls (it is not held: no latency known, or deep enough)."""
+
+    async def one() -> None:
+        await order.wait(calls)
+
+    asyncio.run(one())
+
+
+def test_nothing_is_held_before_a_call_has_been_answered() -> None:
+    """Without a measured latency there is no slack to reckon with: a step's first wave
+    after a start goes out in priority order only."""
+    order = StartOrder()
+    admitted(order, 11)
+    assert order.latency_s is None
+    assert order.hold_s(1) == 0.0
+
+
+def test_a_unit_the_margin_shorter_than_the_deepest_chain_waits_one_latency() -> None:
+    """Deepest chain admitted with 11 calls, latency 1 s: a unit of 11 - HOLD_MARGIN = 8
+    calls (3 latencies of slack) waits 1 s; one of 9 calls goes at once."""
+    clock = FakeClock()
+    order = StartOrder(clock=clock)
+    order.observe_latency(1.0)
+    admitted(order, 11)
+    assert HOLD_MARGIN == 3
+    assert order.hold_s(8) == 1.0
+    assert order.hold_s(1) == 1.0
+    assert order.hold_s(9) == 0.0
+    assert order.hold_s(11) == 0.0
+
+
+def test_the_deepest_chains_calls_left_fall_with_the_latency() -> None:
+    """11 calls admitted at t; 2.5 s later (latency 1 s) 9 are unanswered (8.5, the call
+    under way counts): a 6-call unit is held, a 7-call unit is not. Once the chain is done
+    by the estimate, nothing is held; a new deeper admission counts from its own start."""
+    clock = FakeClock()
+    order = StartOrder(clock=clock)
+    order.observe_latency(1.0)
+    admitted(order, 11)
+    clock.now += 2.5
+    assert order.deepest_left() == 9
+    assert order.hold_s(6) == 1.0
+    assert order.hold_s(7) == 0.0
+    clock.now += 20
+    assert order.deepest_left() < 0
+    assert order.hold_s(1) == 0.0
+    admitted(order, 4)  # deeper than what is left of the 11: it is now the deepest
+    assert order.deepest_left() == 4
+    assert order.hold_s(1) == 1.0
+
+
+def test_a_shallower_admission_does_not_replace_the_deepest() -> None:
+    clock = FakeClock()
+    order = StartOrder(clock=clock)
+    order.observe_latency(2.0)
+    admitted(order, 10)
+    clock.now += 2.0  # one call done: 9 left
+    admitted(order, 9)  # not deeper than what is left (9 == 9)
+    clock.now += 2.0
+    assert order.deepest_left() == 8
+
+
+def test_the_latency_is_smoothed_and_the_hold_capped() -> None:
+    """Each answer moves the estimate by a tenth of its difference: 1.0, then 2.0 -> 1.1.
+    A judge slower than MAX_HOLD_S holds a unit MAX_HOLD_S at most."""
+    order = StartOrder(clock=FakeClock())
+    order.observe_latency(1.0)
+    order.observe_latency(2.0)
+    assert order.latency_s == pytest.approx(1.1)
+    slow = StartOrder(clock=FakeClock())
+    slow.observe_latency(60.0)
+    admitted(slow, 11)
+    assert slow.hold_s(1) == MAX_HOLD_S
+
+
+def test_a_held_unit_queues_after_its_hold_and_a_deep_one_does_not_wait() -> None:
+    """On the loop: with a 0.2 s latency, a 1-call unit behind an admitted 6-call chain
+    is admitted about 0.2 s later; a 5-call unit (one shorter) at once."""
+
+    async def scenario() -> dict[str, float]:
+        order = StartOrder()
+        order.observe_latency(0.2)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await order.wait(6)
+        times: dict[str, float] = {}
+
+        async def timed(name: str, calls: int) -> None:
+            await order.wait(calls)
+            times[name] = loop.time() - started
+
+        await asyncio.gather(timed("held", 1), timed("close", 5))
+        return times
+
+    times = asyncio.run(scenario())
+    assert times["close"] < 0.1, times
+    assert 0.18 <= times["held"] < 0.6, times
+
+
+def test_a_cancelled_hold_takes_no_admission() -> None:
+    async def scenario() -> list[str]:
+        order = StartOrder()
+        order.observe_latency(0.5)
+        await order.wait(11)
+        log: list[str] = []
+        held = asyncio.ensure_future(start(order, log, "held", 1))
+        await asyncio.sleep(0.05)
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+        await start(order, log, "deep", 10)
+        return log
+
+    assert asyncio.run(scenario()) == ["deep"]
 
 
 def test_start_order_needs_at_least_one_admission_per_iteration() -> None:

@@ -203,6 +203,58 @@ def test_chains_run_concurrently_up_to_the_limit(tmp_path: Path) -> None:
     assert all(v == sorted(v) for v in order.values())
 
 
+def test_a_short_chain_waits_one_judge_latency_behind_a_chain_three_calls_longer(tmp_path: Path) -> None:
+    """The engine learns the judge's latency from answered calls (the first group);
+    in the second group the 1-call chain of "b", three calls shorter than the 4-call
+    chain of "a", makes its call about one latency after a's first call, and both are
+    judged as without the hold."""
+
+    def script(call: Call) -> Reply:
+        return Reply.json(marker_answer(call), delay=0.3)
+
+    warm = group(
+        rollout("w", visit(page("W1", "https://w.org/1", "[R1:2:w]")), reward=1.0),
+        rollout("x", answer(), reward=0.0),
+        group_id="warm",
+    )
+    g = group(
+        rollout(
+            "a",
+            *[visit(page(f"A{k}", f"https://a.org/{k}", f"[R1:1:a{k}]")) for k in range(4)],
+            reward=1.0,
+        ),
+        rollout("b", visit(page("B0", "https://b.org/0", "[R1:2:b0]")), reward=0.0),
+        group_id="held",
+    )
+    with running_judge(script) as server, runtime(tmp_path, server) as rt:
+        score(rt, warm)
+        latency = rt.pipeline.engine.start_order.latency_s
+        assert latency is not None and 0.3 <= latency < 1.0, latency
+        doc = score(rt, g)
+    first_a = min(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "A0")
+    b_call = next(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "B0")
+    assert b_call - first_a >= 0.9 * latency, (b_call - first_a, latency)
+    assert levels(doc, "a")[:4] == [{"R1": 1}] * 4
+    assert levels(doc, "b")[0] == {"R1": 2}
+
+
+def test_a_failed_call_teaches_the_engine_no_latency(tmp_path: Path) -> None:
+    """Only answered calls pace the hold: a judge that only fails leaves it unknown."""
+
+    def script(call: Call) -> Reply:
+        return Reply(status=400, error="no")
+
+    g = group(
+        rollout("a", visit(page("A0", "https://a.org/0", "[R1:1:a0]")), reward=1.0),
+        rollout("b", answer(), reward=0.0),
+        params={"on_judge_failure": "zero"},
+    )
+    with running_judge(script) as server, runtime(tmp_path, server) as rt:
+        score(rt, g)
+        assert server.calls
+        assert rt.pipeline.engine.start_order.latency_s is None
+
+
 def test_restart_resumes_without_repeating_answered_calls(tmp_path: Path) -> None:
     def slow(call: Call) -> Reply:
         return Reply.json(marker_answer(call), delay=0.15)

@@ -74,6 +74,8 @@ class JudgeCalls:
         with self.outages.judging(group_pk):
             result = await call()
         observe(result)
+        if result.status == "ok" and result.attempts:
+            self.engine.start_order.observe_latency(result.attempts[-1].latency_s)
         return result
 
     async def once(
