@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from drcredit.domain.group import GroupIn, Rubric
 from drcredit.domain.outcome import (
     JOINT,
     citation_calls,
+    citation_matches,
     claim_score,
     judged_rubrics,
     outcome_breakdown,
@@ -59,6 +63,29 @@ def test_citations_are_found_left_to_right_without_overlap_and_the_rest_is_malfo
     assert [c.claim for c in citations] == ["inner claim", "second"]
     assert [c.references for c in citations] == [("W2",), ("W1",)]
     assert malformed == 2
+
+
+#: Texts made of citations and near misses of their markup, where a fast scan could go wrong.
+CITATION = st.builds(
+    '<cite id="{}">{}</cite>'.format,
+    st.sampled_from(["W1", "W1, S2", ""]),
+    st.sampled_from(["claim", " a \t b ", "", "a\u00a0\u2028b\x1c"]),
+)
+NEAR_MISS = st.sampled_from(['<cite id="', "<cite", '">', '"', ">", "</cite>", "</cite", "W1", " ", "\n", "x", "<"])
+MARKUP = st.lists(st.one_of(CITATION, NEAR_MISS), max_size=30).map("".join)
+
+
+@given(MARKUP)
+def test_citations_are_found_exactly_where_the_rule_finds_them(text: str) -> None:
+    """The scan for citations matches the rule written as one regular expression, applied at
+    every position, and the length term's text (each citation replaced by its span) too."""
+    rule = re.compile(r'<cite id="([^"]*)">((?:(?!<cite|</cite>).)*)</cite>', re.DOTALL)
+    expected = [(m.span(), m.groups()) for m in rule.finditer(text)]
+    assert [(m.span(), m.groups()) for m in citation_matches(text)] == expected
+    claims = [re.sub(r"\s+", " ", span).strip() for _, (_, span) in expected]
+    assert [c.claim for c in parse_citations(text, set())[0]] == claims
+    g = one(visit(page("W1", "u1")), answer("r " + text))
+    assert report_facts(g.rollouts[0]).words == len(rule.sub(lambda m: m.group(2), "r " + text).split())
 
 
 def test_references_are_split_on_commas_and_checked_for_form_and_resolution() -> None:

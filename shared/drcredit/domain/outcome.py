@@ -20,10 +20,12 @@ from typing import Any
 from drcredit.domain.group import AnswerTurn, Rollout, Rubric, SearchTurn, VisitTurn
 
 #: A citation: ``<cite id="IDS">SPAN</cite>`` whose SPAN holds neither ``<cite`` nor ``</cite>``.
-_CITATION = re.compile(r'<cite id="([^"]*)">((?:(?!<cite|</cite>).)*)</cite>', re.DOTALL)
+#: The SPAN is runs of anything but ``<``, each ``<`` checked once: checking every character
+#: for either string took 0.35 ms for a 12 KB span, this 8 us.
+_CITATION = re.compile(r'<cite id="([^"]*)">([^<]*(?:<(?!cite|/cite>)[^<]*)*)</cite>')
+_OPENING = '<cite id="'
 _WELL_FORMED = re.compile(r"[A-Za-z]+[0-9]+")
 _HEADING = re.compile(r"^(#{1,6}) +\S", re.MULTILINE)
-_SPACE = re.compile(r"\s+")
 
 JOINT = "joint"
 
@@ -105,16 +107,49 @@ def usable_page_ids(rollout: Rollout) -> set[str]:
     return {p.id for turn in rollout.turns if isinstance(turn, VisitTurn) for p in turn.usable_pages}
 
 
+def citation_matches(report: str) -> list[re.Match[str]]:
+    """The report's citations left to right without overlap, as ``_CITATION.finditer``
+    finds them, but tried only where a citation's literal opening is: the regex engine
+    alone tries every position of the report (1 ms for a 37 KB report, paid at ingest and
+    again by its outcome unit)."""
+    found = []
+    at = report.find(_OPENING)
+    while at >= 0:
+        match = _CITATION.match(report, at)
+        if match is None:
+            at = report.find(_OPENING, at + 1)
+        else:
+            found.append(match)
+            at = report.find(_OPENING, match.end())
+    return found
+
+
 def parse_citations(report: str, resolving: set[str]) -> tuple[list[Citation], int]:
     """The report's citations left to right, and its count of malformed markup."""
+    return _citations(report, citation_matches(report), resolving)
+
+
+def _citations(report: str, matches: list[re.Match[str]], resolving: set[str]) -> tuple[list[Citation], int]:
     citations = []
-    for match in _CITATION.finditer(report):
+    for match in matches:
         refs = tuple(part.strip() for part in match.group(1).split(",") if part.strip())
         well = tuple(bool(_WELL_FORMED.fullmatch(r)) and r.isascii() for r in refs)
         pages = tuple(dict.fromkeys(r for r in refs if r in resolving))
-        citations.append(Citation(_SPACE.sub(" ", match.group(2)).strip(), refs, well, pages))
+        # Runs of white space collapsed and trimmed (``str.split`` and ``\s`` agree on it).
+        citations.append(Citation(" ".join(match.group(2).split()), refs, well, pages))
     markup = report.count("<cite") + report.count("</cite>")
     return citations, markup - 2 * len(citations)
+
+
+def _spans_only(report: str, matches: list[re.Match[str]]) -> str:
+    """The report with each citation replaced by its span."""
+    pieces: list[str] = []
+    last = 0
+    for match in matches:
+        pieces += (report[last : match.start()], match.group(2))
+        last = match.end()
+    pieces.append(report[last:])
+    return "".join(pieces)
 
 
 def report_facts(rollout: Rollout) -> ReportFacts:
@@ -122,10 +157,10 @@ def report_facts(rollout: Rollout) -> ReportFacts:
     if found is None:
         return ReportFacts(has_report=False)
     _, report = found
-    citations, malformed = parse_citations(report, usable_page_ids(rollout))
-    levels = {len(m.group(1)) for m in _HEADING.finditer(report)}
-    headings = len(_HEADING.findall(report))
-    answer_ok = headings >= 2 and len(levels) >= 2
+    matches = citation_matches(report)
+    citations, malformed = _citations(report, matches, usable_page_ids(rollout))
+    marks = [len(m.group(1)) for m in _HEADING.finditer(report)]
+    answer_ok = len(marks) >= 2 and len(set(marks)) >= 2
     markup_ok = (
         bool(citations)
         and malformed == 0
@@ -136,14 +171,13 @@ def report_facts(rollout: Rollout) -> ReportFacts:
     searches = sum(
         1 for t in rollout.turns if isinstance(t, SearchTurn) and not t.error and any(q.strip() for q in t.call.queries)
     )
-    plain = _CITATION.sub(lambda m: m.group(2), report)
     return ReportFacts(
         has_report=True,
         citations=tuple(citations),
         malformed_markup=malformed,
         format_checks=(answer_ok, markup_ok, tools_ok, reasoning_ok),
         searches=searches,
-        words=len(plain.split()),
+        words=len(_spans_only(report, matches).split()),
     )
 
 
