@@ -10,8 +10,6 @@ drcredit.domain.outcome).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +27,7 @@ from drcredit.domain.outcome import (
     report_of,
 )
 from drcredit.domain.params import ScoringParams
+from drcredit.scoring.content import request_digest
 from drcredit.storage import models as m
 
 RUBRIC, CITATION = "rubric", "citation"
@@ -76,7 +75,7 @@ def call_signatures(rollout: Rollout, facts: ReportFacts, rubrics: Sequence[Rubr
     out: dict[str, str] = {}
     for kind, key in planned_calls(facts, rubrics):
         what: Any = [key, report] if kind == RUBRIC else citation_call(facts, pages, key)
-        out[f"{kind}\x1f{key}"] = hashlib.blake2b(json.dumps([kind, what]).encode(), digest_size=16).hexdigest()
+        out[f"{kind}\x1f{key}"] = request_digest([kind, what])
     return out
 
 
