@@ -15,6 +15,7 @@ from drcredit.domain.outcome import (
     citation_calls,
     citation_matches,
     claim_score,
+    heading_levels,
     judged_rubrics,
     outcome_breakdown,
     parse_citations,
@@ -152,6 +153,18 @@ def test_no_citation_gives_zero_citation_reward() -> None:
     g = one(answer("# Plain\n## report without citations"))
     b = outcome_breakdown(report_facts(g.rollouts[0]), rubs(g), {"R1": 4}, {}, W, 5, 2000, exclude=False)
     assert (b.r_id, b.r_semantic, b.cite) == (0.0, 0.0, 0.0)
+
+
+@given(
+    st.lists(
+        st.sampled_from(["# x", "### y", "####### z", "#x", "#", " ", "\n", "\r", "\x0b", "\t", "x", "\u00a0"]),
+        max_size=30,
+    ).map("".join)
+)
+def test_headings_are_found_exactly_where_the_rule_finds_them(text: str) -> None:
+    """Line by line, the same headings as the rule written as one multi-line regex."""
+    rule = re.compile(r"^(#{1,6}) +\S", re.MULTILINE)
+    assert heading_levels(text) == [len(m.group(1)) for m in rule.finditer(text)]
 
 
 @pytest.mark.parametrize(

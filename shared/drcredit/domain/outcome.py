@@ -25,7 +25,8 @@ from drcredit.domain.group import AnswerTurn, Rollout, Rubric, SearchTurn, Visit
 _CITATION = re.compile(r'<cite id="([^"]*)">([^<]*(?:<(?!cite|/cite>)[^<]*)*)</cite>')
 _OPENING = '<cite id="'
 _WELL_FORMED = re.compile(r"[A-Za-z]+[0-9]+")
-_HEADING = re.compile(r"^(#{1,6}) +\S", re.MULTILINE)
+#: A Markdown heading at the start of a line (it never spans lines).
+_HEADING = re.compile(r"(#{1,6}) +\S")
 
 JOINT = "joint"
 
@@ -152,6 +153,12 @@ def _spans_only(report: str, matches: list[re.Match[str]]) -> str:
     return "".join(pieces)
 
 
+def heading_levels(report: str) -> list[int]:
+    """The level of each Markdown heading in the report: lines starting with ``#`` matched
+    one by one (a multi-line regex tries every position of the report)."""
+    return [len(m.group(1)) for line in report.split("\n") if line[:1] == "#" and (m := _HEADING.match(line))]
+
+
 def report_facts(rollout: Rollout) -> ReportFacts:
     found = report_of(rollout)
     if found is None:
@@ -159,7 +166,7 @@ def report_facts(rollout: Rollout) -> ReportFacts:
     _, report = found
     matches = citation_matches(report)
     citations, malformed = _citations(report, matches, usable_page_ids(rollout))
-    marks = [len(m.group(1)) for m in _HEADING.finditer(report)]
+    marks = heading_levels(report)
     answer_ok = len(marks) >= 2 and len(set(marks)) >= 2
     markup_ok = (
         bool(citations)
