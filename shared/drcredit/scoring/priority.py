@@ -125,8 +125,9 @@ class StartOrder:
 
     Admission order alone does not keep the longest chain's first call clear of the
     wave: every first call opens a connection, and the judge server and this process
-    work through the wave's connections in arrival order, so a deep chain's request
-    reached the judge 0.15-0.6 s after it was sent (BENCHMARKS.md, eighth round).
+    work through the wave's connections in arrival order, so a chain's first request
+    reached the judge a median 0.3 s (at most 0.85 s) after it was sent (BENCHMARKS.md,
+    eighth round).
     So when its turn comes, a unit at least ``HOLD_MARGIN`` calls shorter than the
     deepest chain admitted here (its calls left estimated from the smoothed latency of
     answered calls) is held for one judge latency, then queues again and goes without
