@@ -34,7 +34,7 @@ def _free_port() -> int:
 
 def _requests() -> list[VisitJudgeRequest]:
     group = GroupIn.model_validate(make_group(1, "cpu"))
-    out = []
+    out: list[VisitJudgeRequest] = []
     for rollout in group.rollouts:
         for turn in rollout.turns:
             if isinstance(turn, VisitTurn) and turn.usable_pages:

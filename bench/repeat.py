@@ -128,11 +128,14 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
-    """``--repeat-outcome``: the outcome reward is judged too. Outcome calls depend on no
+    """``--repeat-cold``: the API and workers are started afresh before every run, so each
+    run is a new deployment's first step (no judge latency learned yet).
+    ``--repeat-outcome``: the outcome reward is judged too. Outcome calls depend on no
     other call, so they add at most one level to the longest chain: the bound is the
     longer of the process critical path and one call (as the outcome section's)."""
     runs: list[dict[str, Any]] = []
     outcome = bool(getattr(args, "repeat_outcome", False))
+    cold = bool(getattr(args, "repeat_cold", False))
     if outcome:
         groups = [with_judged_outcomes(g) for g in groups]
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,8 +144,14 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
             judge = start_judge(stack, args.latency, args.sigma)
             redis.Redis.from_url(REDIS).flushdb()
             with fresh_database() as db:
-                api, _ = start_plain(stack, plain_env(judge, db, REDIS), args.plain_workers)
+                env = plain_env(judge, db, REDIS)
+                api, platform = start_plain(stack, env, args.plain_workers)
                 for k in range(args.repeat):
+                    if cold and k:
+                        # A fresh deployment per run: every run is its processes' first step.
+                        for proc in platform:
+                            proc.stop()
+                        api, platform = start_plain(stack, env, args.plain_workers)
                     step = renamed(groups, f"r{k}")
                     httpx.post(f"{judge}/reset")
                     run = one_run(api, step, db)
@@ -150,7 +159,7 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
                     bound = max(critical_path_calls(step, run.pop("credits")), 1) * args.latency
                     run.update(bound_s=bound, judge_calls=calls, ratio_to_bound=run["wall_s"] / bound)
                     versus = ""
-                    if not outcome:
+                    if not outcome and not getattr(args, "no_baseline", False):
                         httpx.post(f"{judge}/reset")
                         started = time.perf_counter()
                         asyncio.run(score_step(f"{judge}/v1", "sim", step, args.baseline_concurrency))
@@ -171,10 +180,11 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
         "runs": runs,
         "plain_workers": args.plain_workers,
         "outcome_judged": outcome,
+        "cold": cold,
         "ratio_to_bound": summary([r["ratio_to_bound"] for r in runs]),
         "client_after_last_done_ms": summary([1000 * r["client_after_last_done_s"] for r in runs]),
     }
-    if not outcome:
+    if all("ratio_to_baseline" in r for r in runs):
         results["repeat"]["ratio_to_baseline"] = summary([r["ratio_to_baseline"] for r in runs])
 
 
@@ -182,7 +192,7 @@ def table(rep: dict[str, Any]) -> str:
     def line(name: str, s: dict[str, float], unit: str = "x") -> str:
         return f"  {name:<26} median {s['median']:.2f}{unit}, p90 {s['p90']:.2f}{unit}, max {s['max']:.2f}{unit}"
 
-    judged = ", outcome judged" if rep.get("outcome_judged") else ""
+    judged = (", outcome judged" if rep.get("outcome_judged") else "") + (", each run cold" if rep.get("cold") else "")
     lines = [
         f"repeated step ({len(rep['runs'])} runs, serve + {rep['plain_workers']} plain workers{judged})",
         line("wall / critical-path bound", rep["ratio_to_bound"]),

@@ -371,6 +371,8 @@ def section_outcome(args: argparse.Namespace, groups: list[dict[str, Any]], resu
         "paper_process_tasks_per_trajectory": 29.09,
         "platform_cpu_s_distributed": run.cpu_platform_s,
         "platform_cpu_ms_per_call": run.cpu_platform_s / run.judge["requests"] * 1000,
+        "platform_cpu_s_by_process": run.cpu_by_process_s,
+        "judge_sim_cpu_s": run.cpu_judge_s,
         "failed_judgments": sum(d["progress"]["judgments_failed"] for d in run.advantages.values()),
     }
 
@@ -562,6 +564,9 @@ def table(results: dict[str, Any]) -> str:
             f"  calls per trajectory   process {o['process_calls_per_trajectory']:.2f} (paper: 29.09 tasks),"
             f" outcome {o['outcome_calls_per_trajectory']:.2f}",
             f"  platform CPU           {o['platform_cpu_ms_per_call']:.2f} ms per call, failed {o['failed_judgments']}",
+            "    by process: "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in o["platform_cpu_s_by_process"].items())
+            + f"; judge simulator {o['judge_sim_cpu_s']:.1f} s",
         ]
     if "step" in results:
         s = results["step"]
@@ -666,6 +671,14 @@ def main() -> None:
         action="store_true",
         help="repeat: the service also judges the outcome reward (outcome_source: judge); the bound counts"
         " outcome calls, and the in-trainer baseline (process credit only) is not run",
+    )
+    parser.add_argument(
+        "--repeat-cold",
+        action="store_true",
+        help="repeat: start serve and the workers afresh before every run (each run a first step)",
+    )
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="repeat: leave out the in-trainer baseline (the platform alone)"
     )
     parser.add_argument("--longpoll-groups", type=int, default=200, help="longpoll: groups long-polled one each")
     parser.add_argument("--longpoll-latency", type=float, default=0.2, help="longpoll: median judge latency (s)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from drcredit.scoring import priority as start_order_module
 from drcredit.scoring.dispatch import UnitRef, unit_batches
 from drcredit.scoring.engine import BatchWriter, Engine, Recent
 from drcredit.scoring.priority import HOLD_MARGIN, MAX_HOLD_S, PrioritySlots, StartOrder
@@ -157,6 +158,7 @@ def test_chains_waiting_to_start_go_longest_first_a_few_per_loop_iteration() -> 
 
     async def scenario() -> tuple[list[str], list[int]]:
         order = StartOrder(per_tick=2)
+        order.observe_latency(0.0)  # an instant judge: nothing is held, the order alone shows
         log: list[str] = []
 
         tasks = [
@@ -179,6 +181,7 @@ def test_chains_waiting_to_start_go_longest_first_a_few_per_loop_iteration() -> 
 def test_a_long_chain_arriving_later_passes_short_ones_still_waiting() -> None:
     async def scenario() -> list[str]:
         order = StartOrder(per_tick=1)
+        order.observe_latency(0.0)  # an instant judge: nothing is held
         log: list[str] = []
 
         early = [asyncio.ensure_future(start(order, log, f"short-{i}", 1)) for i in range(4)]
@@ -223,13 +226,69 @@ def admitted(order: StartOrder, calls: int) -> None:
     asyncio.run(one())
 
 
-def test_nothing_is_held_before_a_call_has_been_answered() -> None:
-    """Without a measured latency there is no slack to reckon with: a step's first wave
-    after a start goes out in priority order only."""
-    order = StartOrder()
-    admitted(order, 11)
-    assert order.latency_s is None
-    assert order.hold_s(1) == 0.0
+def test_before_any_answer_a_unit_with_slack_is_held_until_the_first_call_ends() -> None:
+    """A fresh process knows no latency: an 11-call chain admitted, a 1-call unit waits
+    for the first judge call to end (here the chain's, after 0.15 s), not for a timer;
+    an 8-call unit (exactly the margin) waits too, a 9-call one goes at once."""
+
+    async def scenario() -> dict[str, float]:
+        order = StartOrder()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await order.wait(11)
+        assert order.latency_s is None and order.hold_s(1) == MAX_HOLD_S and order.hold_s(9) == 0.0
+        times: dict[str, float] = {}
+
+        async def timed(name: str, calls: int) -> None:
+            await order.wait(calls)
+            times[name] = loop.time() - started
+
+        async def first_answer() -> None:
+            await asyncio.sleep(0.15)
+            order.observe_latency(0.15)
+
+        await asyncio.gather(timed("short", 1), timed("margin", 8), timed("close", 9), first_answer())
+        return times
+
+    times = asyncio.run(scenario())
+    assert times["close"] < 0.1, times
+    assert 0.14 <= times["short"] < 0.5, times
+    assert 0.14 <= times["margin"] < 0.5, times
+
+
+def test_a_failed_first_call_releases_the_units_held_for_it_and_teaches_no_latency() -> None:
+    async def scenario() -> tuple[float, float | None]:
+        order = StartOrder()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await order.wait(11)
+
+        async def failed_call() -> None:
+            await asyncio.sleep(0.1)
+            order.call_ended()
+
+        await asyncio.gather(order.wait(1), failed_call())
+        return loop.time() - started, order.latency_s
+
+    waited, latency = asyncio.run(scenario())
+    assert 0.09 <= waited < 0.5
+    assert latency is None
+
+
+def test_a_cold_hold_ends_at_the_cap_when_no_call_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No call ends (a judge that never answers): the held unit goes at MAX_HOLD_S."""
+    monkeypatch.setattr(start_order_module, "MAX_HOLD_S", 0.2)
+
+    async def scenario() -> float:
+        order = StartOrder()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await order.wait(11)
+        await order.wait(1)
+        return loop.time() - started
+
+    waited = asyncio.run(scenario())
+    assert 0.19 <= waited < 0.6, waited
 
 
 def test_a_unit_the_margin_shorter_than_the_deepest_chain_waits_one_latency() -> None:

@@ -238,6 +238,33 @@ def test_a_short_chain_waits_one_judge_latency_behind_a_chain_three_calls_longer
     assert levels(doc, "b")[0] == {"R1": 2}
 
 
+def test_in_a_fresh_process_a_short_chain_waits_for_the_first_judge_call_to_end(tmp_path: Path) -> None:
+    """No latency is known yet: the 1-call chain of "b" waits for the first call here to
+    end (a's first, answered after 0.3 s), not for a timer, and both are judged as
+    without the hold."""
+
+    def script(call: Call) -> Reply:
+        return Reply.json(marker_answer(call), delay=0.3)
+
+    g = group(
+        rollout(
+            "a",
+            *[visit(page(f"A{k}", f"https://a.org/{k}", f"[R1:1:a{k}]")) for k in range(4)],
+            reward=1.0,
+        ),
+        rollout("b", visit(page("B0", "https://b.org/0", "[R1:2:b0]")), reward=0.0),
+        group_id="cold",
+    )
+    with running_judge(script) as server, runtime(tmp_path, server) as rt:
+        assert rt.pipeline.engine.start_order.latency_s is None
+        doc = score(rt, g)
+    first_a = min(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "A0")
+    b_call = next(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "B0")
+    assert 0.27 <= b_call - first_a < 3.0, b_call - first_a
+    assert levels(doc, "a")[:4] == [{"R1": 1}] * 4
+    assert levels(doc, "b")[0] == {"R1": 2}
+
+
 def test_a_failed_call_teaches_the_engine_no_latency(tmp_path: Path) -> None:
     """Only answered calls pace the hold: a judge that only fails leaves it unknown."""
 

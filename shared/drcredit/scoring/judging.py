@@ -76,6 +76,8 @@ class JudgeCalls:
         observe(result)
         if result.status == "ok" and result.attempts:
             self.engine.start_order.observe_latency(result.attempts[-1].latency_s)
+        else:
+            self.engine.start_order.call_ended()  # a failed call teaches no latency
         return result
 
     async def once(
@@ -90,6 +92,9 @@ class JudgeCalls:
         (result, what the store came to)."""
         hit = await self.engine.db(self.stored_answer, group_pk, key, kind)
         if hit is not None:
+            # Answered without a call: units held for this process's first call must
+            # not wait on a chain that may make none.
+            self.engine.start_order.call_ended()
             return hit, await store(hit, True)
         slot = (group_pk, key)
         pending = self._inflight.get(slot)

@@ -133,7 +133,10 @@ class StartOrder:
     answered calls) is held for one judge latency, then queues again and goes without
     another hold: its slack is at least that margin of latencies, and the deepest
     chains' first calls go out on a quieter machine. Until a call has been answered
-    the latency is unknown and nothing is held.
+    the latency is unknown (a fresh process's first step), so such a unit is held
+    until the first judge call here ends instead, at most ``MAX_HOLD_S``: that first
+    answer comes one latency after the first wave, which is the hold a known latency
+    would have given.
     """
 
     def __init__(self, per_tick: int = 64, clock: Callable[[], float] = time.monotonic):
@@ -147,6 +150,9 @@ class StartOrder:
         self.latency_s: float | None = None
         #: The admission with the most calls left: (admitted at, its calls).
         self._deepest: tuple[float, int] | None = None
+        #: Units held before any call here has ended, and what releases them at the cap.
+        self._cold: list[tuple[int, asyncio.Future[None]]] = []
+        self._cold_timer: asyncio.TimerHandle | None = None
 
     def observe_latency(self, seconds: float) -> None:
         """An answered call's latency: the pace at which chains advance."""
@@ -154,6 +160,18 @@ class StartOrder:
             self.latency_s = seconds
         else:
             self.latency_s += LATENCY_WEIGHT * (seconds - self.latency_s)
+        self.call_ended()
+
+    def call_ended(self) -> None:
+        """A judge call ended, answered or not: units held for the first one go."""
+        if self._cold_timer is not None:
+            self._cold_timer.cancel()
+            self._cold_timer = None
+        cold, self._cold = self._cold, []
+        if cold:
+            loop = asyncio.get_running_loop()
+            for priority, granted in cold:
+                self._back_from_hold(loop, priority, granted)
 
     def deepest_left(self) -> int:
         """Calls of the deepest admitted chain not answered yet, by the smoothed latency
@@ -166,10 +184,11 @@ class StartOrder:
         return math.ceil(calls - (self._clock() - at) / self.latency_s)
 
     def hold_s(self, priority: int) -> float:
-        """How long a unit of ``priority`` calls is held at its turn (0: not at all)."""
-        if self.latency_s is None or self.deepest_left() - priority < HOLD_MARGIN:
+        """How long a unit of ``priority`` calls is held at its turn (0: not at all; with
+        no latency known yet, ``MAX_HOLD_S`` unless a call ends first)."""
+        if self.deepest_left() - priority < HOLD_MARGIN:
             return 0.0
-        return min(self.latency_s, MAX_HOLD_S)
+        return MAX_HOLD_S if self.latency_s is None else min(self.latency_s, MAX_HOLD_S)
 
     async def wait(self, priority: int) -> None:
         """Return when admitted (``priority``: the unit's calls to make; more goes first)."""
@@ -192,6 +211,9 @@ class StartOrder:
                 break
             priority, held, granted = waiter
             hold = 0.0 if held else self.hold_s(priority)
+            if hold > 0 and self.latency_s is None:
+                self._hold_cold(loop, priority, granted)
+                continue
             if hold > 0:
                 loop.call_later(hold, self._back_from_hold, loop, priority, granted)
                 continue
@@ -202,6 +224,11 @@ class StartOrder:
         self._scheduled = False
         if self._waiters:
             self._schedule(loop)
+
+    def _hold_cold(self, loop: asyncio.AbstractEventLoop, priority: int, granted: asyncio.Future[None]) -> None:
+        self._cold.append((priority, granted))
+        if self._cold_timer is None:
+            self._cold_timer = loop.call_later(MAX_HOLD_S, self.call_ended)
 
     def _back_from_hold(self, loop: asyncio.AbstractEventLoop, priority: int, granted: asyncio.Future[None]) -> None:
         if not granted.done():  # a unit cancelled during its hold is gone
