@@ -111,9 +111,13 @@ async def _long_poll(rt: Runtime, wait: float, read: Callable[[Any, bool], Polle
     pending, answer = await read_db(rt, polled(time.monotonic() < deadline))
     while answer is None:
         with events.watching(pending) as subscription:
-            # Read again once subscribed: a group finished in between is seen here.
+            # Read again once subscribed: a group finished in between is seen here, and
+            # only the groups still running are waited for (one that finished before the
+            # subscription was announced to nobody: waiting for its report would wait
+            # out the recheck interval).
             pending, answer = await read_db(rt, polled(True))
             if answer is None:
+                subscription.still_pending(pending)
                 await events.wait(subscription, deadline - time.monotonic())
                 pending, answer = await read_db(rt, polled(time.monotonic() < deadline))
     return answer

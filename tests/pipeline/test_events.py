@@ -186,3 +186,21 @@ def test_the_pipeline_reports_each_group_it_finishes_done_or_failed(tmp_path: Pa
     finally:
         rt.close()
     assert reported == [done.group_pk, opened.group_pk]
+
+
+def test_a_waiter_waits_only_for_the_groups_a_read_after_subscribing_found_running() -> None:
+    """Group 1 became final before the subscription (its report went to nobody); the read
+    after subscribing finds only 2 running, so 2's report alone ends the wait."""
+    events = GroupEvents()
+    events.local = True
+
+    async def main() -> float:
+        events.finished([1])
+        with events.watching([1, 2]) as sub:
+            sub.still_pending([2])
+            threading.Timer(0.05, events.finished, args=([2],)).start()
+            started = time.monotonic()
+            await events.wait(sub, timeout=30)
+            return time.monotonic() - started
+
+    assert asyncio.run(main()) < 5

@@ -60,6 +60,13 @@ class _Subscription:
         if not self.pending:
             self.all_reported.set()
 
+    def still_pending(self, group_pks: Iterable[int]) -> None:  # on the waiter's loop
+        """Wait only for these: a read after subscribing found the others final, and a
+        group that became final before the subscription was reported to nobody."""
+        self.pending.intersection_update(group_pks)
+        if not self.pending:
+            self.all_reported.set()
+
 
 class GroupEvents:
     """Completion reports for the long-polls of one process (thread-safe)."""
