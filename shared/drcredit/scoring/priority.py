@@ -151,7 +151,7 @@ class StartOrder:
         #: The admission with the most calls left: (admitted at, its calls).
         self._deepest: tuple[float, int] | None = None
         #: Units held before any call here has ended, and what releases them at the cap.
-        self._cold: list[tuple[int, asyncio.Future[None]]] = []
+        self._cold: list[tuple[asyncio.AbstractEventLoop, int, asyncio.Future[None]]] = []
         self._cold_timer: asyncio.TimerHandle | None = None
 
     def observe_latency(self, seconds: float) -> None:
@@ -168,10 +168,8 @@ class StartOrder:
             self._cold_timer.cancel()
             self._cold_timer = None
         cold, self._cold = self._cold, []
-        if cold:
-            loop = asyncio.get_running_loop()
-            for priority, granted in cold:
-                self._back_from_hold(loop, priority, granted)
+        for loop, priority, granted in cold:
+            self._back_from_hold(loop, priority, granted)
 
     def deepest_left(self) -> int:
         """Calls of the deepest admitted chain not answered yet, by the smoothed latency
@@ -226,7 +224,7 @@ class StartOrder:
             self._schedule(loop)
 
     def _hold_cold(self, loop: asyncio.AbstractEventLoop, priority: int, granted: asyncio.Future[None]) -> None:
-        self._cold.append((priority, granted))
+        self._cold.append((loop, priority, granted))
         if self._cold_timer is None:
             self._cold_timer = loop.call_later(MAX_HOLD_S, self.call_ended)
 
