@@ -203,6 +203,32 @@ def test_chains_run_concurrently_up_to_the_limit(tmp_path: Path) -> None:
     assert all(v == sorted(v) for v in order.values())
 
 
+def deep_and_short(group_id: str) -> GroupIn:
+    """Rollout "a" with a 4-visit chain and "b" with a 1-visit chain: three calls shorter."""
+    return group(
+        rollout(
+            "a",
+            *[visit(page(f"A{k}", f"https://a.org/{k}", f"[R1:1:a{k}]")) for k in range(4)],
+            reward=1.0,
+        ),
+        rollout("b", visit(page("B0", "https://b.org/0", "[R1:2:b0]")), reward=0.0),
+        group_id=group_id,
+    )
+
+
+def first_calls(server: JudgeServer) -> tuple[float, float]:
+    """When the judge received a's first visit call and b's call."""
+    first_a = min(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "A0")
+    b_call = next(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "B0")
+    return first_a, b_call
+
+
+def assert_deep_and_short_judged(doc: dict[str, Any]) -> None:
+    """Both chains judged as without any hold."""
+    assert levels(doc, "a")[:4] == [{"R1": 1}] * 4
+    assert levels(doc, "b")[0] == {"R1": 2}
+
+
 def test_a_short_chain_waits_one_judge_latency_behind_a_chain_three_calls_longer(tmp_path: Path) -> None:
     """The engine learns the judge's latency from answered calls (the first group);
     in the second group the 1-call chain of "b", three calls shorter than the 4-call
@@ -217,25 +243,15 @@ def test_a_short_chain_waits_one_judge_latency_behind_a_chain_three_calls_longer
         rollout("x", answer(), reward=0.0),
         group_id="warm",
     )
-    g = group(
-        rollout(
-            "a",
-            *[visit(page(f"A{k}", f"https://a.org/{k}", f"[R1:1:a{k}]")) for k in range(4)],
-            reward=1.0,
-        ),
-        rollout("b", visit(page("B0", "https://b.org/0", "[R1:2:b0]")), reward=0.0),
-        group_id="held",
-    )
+    g = deep_and_short("held")
     with running_judge(script) as server, runtime(tmp_path, server) as rt:
         score(rt, warm)
         latency = rt.pipeline.engine.start_order.latency_s
         assert latency is not None and 0.3 <= latency < 1.0, latency
         doc = score(rt, g)
-    first_a = min(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "A0")
-    b_call = next(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "B0")
+    first_a, b_call = first_calls(server)
     assert b_call - first_a >= 0.9 * latency, (b_call - first_a, latency)
-    assert levels(doc, "a")[:4] == [{"R1": 1}] * 4
-    assert levels(doc, "b")[0] == {"R1": 2}
+    assert_deep_and_short_judged(doc)
 
 
 def test_in_a_fresh_process_a_short_chain_waits_for_the_first_judge_call_to_end(tmp_path: Path) -> None:
@@ -246,23 +262,13 @@ def test_in_a_fresh_process_a_short_chain_waits_for_the_first_judge_call_to_end(
     def script(call: Call) -> Reply:
         return Reply.json(marker_answer(call), delay=0.3)
 
-    g = group(
-        rollout(
-            "a",
-            *[visit(page(f"A{k}", f"https://a.org/{k}", f"[R1:1:a{k}]")) for k in range(4)],
-            reward=1.0,
-        ),
-        rollout("b", visit(page("B0", "https://b.org/0", "[R1:2:b0]")), reward=0.0),
-        group_id="cold",
-    )
+    g = deep_and_short("cold")
     with running_judge(script) as server, runtime(tmp_path, server) as rt:
         assert rt.pipeline.engine.start_order.latency_s is None
         doc = score(rt, g)
-    first_a = min(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "A0")
-    b_call = next(c.received_at for c in server.calls if c.document["visit"]["pages"][0]["id"] == "B0")
+    first_a, b_call = first_calls(server)
     assert 0.27 <= b_call - first_a < 3.0, b_call - first_a
-    assert levels(doc, "a")[:4] == [{"R1": 1}] * 4
-    assert levels(doc, "b")[0] == {"R1": 2}
+    assert_deep_and_short_judged(doc)
 
 
 def test_a_failed_call_teaches_the_engine_no_latency(tmp_path: Path) -> None:
