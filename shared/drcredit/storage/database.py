@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
 
@@ -42,9 +43,40 @@ def make_engine(url: str, pool_size: int = 10) -> Engine:
         )
         _serialize_sqlite_writers(engine)
         return engine
-    return create_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, pool_recycle=1800, **json_options
-    )
+    engine = create_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800, **json_options)
+    _ping_idle_connections(engine)
+    return engine
+
+
+#: A pooled connection idle longer than this is pinged before it is handed out. Under
+#: load a connection goes back to work within milliseconds, and pinging each checkout
+#: (``pool_pre_ping``) was a round trip per transaction; a connection back in the pool
+#: for longer may have outlived a database restart.
+PING_AFTER_IDLE_S = 1.0
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """Ping a connection on checkout only when it sat idle past PING_AFTER_IDLE_S.
+
+    A failed ping raises DisconnectionError, on which the pool replaces the connection
+    (SQLAlchemy's checkout-event contract). A connection that broke within the idle
+    window fails its transaction, as one in flight when the database went away does,
+    and that disconnect invalidates the whole pool.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is None or time.monotonic() - idle_since < PING_AFTER_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError(f"connection idle {time.monotonic() - idle_since:.0f} s failed its ping") from exc
 
 
 #: Execution option of a read-only session (see :meth:`Database.read_session`).
