@@ -9,7 +9,8 @@ time, as consecutive training steps), and after each run the in-trainer asyncio
 baseline scores the same step against the same judge. Every run reports its wall time
 against the critical-path bound and against that run's baseline, plus where the tail
 went: when each group was done (``groups.finished_at``) and how long the client waited
-after the last one. The summary gives the median, p90 and max of each ratio.
+after the last one, and the machine's speed just before it (:func:`reference_ms`). The
+summary gives the median, p90 and max of each ratio.
 """
 
 from __future__ import annotations
@@ -123,6 +124,33 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
     }
 
 
+#: A fixed document for :func:`reference_ms`: prompt-sized text in a judge-like envelope.
+_REFERENCE_DOC = {
+    "model": "sim",
+    "messages": [{"role": "user", "content": "evidence " * 2000}],
+    "rubrics": [{"id": f"r{i}", "weight": i / 7, "tags": ["a", "b", "c"]} for i in range(40)],
+}
+
+
+def reference_ms() -> float:
+    """CPU milliseconds of a fixed piece of Python work, timed just before a run.
+
+    The step is CPU-bound on two cores, and machines of one kind ran the same code up to
+    1.4x slower from one hour to the next (BENCHMARKS.md, tenth round), which moves every
+    ratio to the bound; each run carries the machine's speed it ran at. The best of three
+    timings, so a preempted one does not count.
+    """
+    timings = []
+    for _ in range(3):
+        started = time.process_time()
+        for _ in range(900):
+            decoded = orjson.loads(orjson.dumps(_REFERENCE_DOC))
+            sorted(str(r["weight"]) + r["id"] for r in decoded["rubrics"])
+            sum(i * i for i in range(300))
+        timings.append((time.process_time() - started) * 1000)
+    return min(timings)
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "p90": percentile(values, 0.9), "max": max(values)}
 
@@ -154,10 +182,13 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
                         api, platform = start_plain(stack, env, args.plain_workers)
                     step = renamed(groups, f"r{k}")
                     httpx.post(f"{judge}/reset")
+                    reference = reference_ms()
                     run = one_run(api, step, db)
                     calls = httpx.get(f"{judge}/stats").json()["requests"]
                     bound = max(critical_path_calls(step, run.pop("credits")), 1) * args.latency
-                    run.update(bound_s=bound, judge_calls=calls, ratio_to_bound=run["wall_s"] / bound)
+                    run.update(
+                        bound_s=bound, judge_calls=calls, ratio_to_bound=run["wall_s"] / bound, reference_ms=reference
+                    )
                     versus = ""
                     if not outcome and not getattr(args, "no_baseline", False):
                         httpx.post(f"{judge}/reset")
@@ -171,7 +202,8 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
                         f"run {k + 1}/{args.repeat}: {run['wall_s']:.2f} s = {run['ratio_to_bound']:.2f}x bound"
                         f" ({bound:.0f} s){versus};"
                         f" groups done p50 {run['groups_done_s']['p50']:.2f} s, last {run['groups_done_s']['last']:.2f} s;"
-                        f" client {run['client_after_last_done_s'] * 1000:.0f} ms after the last",
+                        f" client {run['client_after_last_done_s'] * 1000:.0f} ms after the last;"
+                        f" machine reference {reference:.1f} ms",
                         flush=True,
                     )
         finally:
@@ -183,6 +215,7 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
         "cold": cold,
         "ratio_to_bound": summary([r["ratio_to_bound"] for r in runs]),
         "client_after_last_done_ms": summary([1000 * r["client_after_last_done_s"] for r in runs]),
+        "reference_ms": summary([r["reference_ms"] for r in runs]),
     }
     if all("ratio_to_baseline" in r for r in runs):
         results["repeat"]["ratio_to_baseline"] = summary([r["ratio_to_baseline"] for r in runs])
@@ -200,4 +233,6 @@ def table(rep: dict[str, Any]) -> str:
     if "ratio_to_baseline" in rep:
         lines.append(line("wall / in-trainer baseline", rep["ratio_to_baseline"]))
     lines.append(line("client after last group", rep["client_after_last_done_ms"], " ms"))
+    if "reference_ms" in rep:
+        lines.append(line("machine reference (CPU)", rep["reference_ms"], " ms"))
     return "\n".join(lines)

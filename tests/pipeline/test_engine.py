@@ -306,19 +306,21 @@ def test_a_unit_the_margin_shorter_than_the_deepest_chain_waits_one_latency() ->
 
 def test_units_with_more_slack_are_spread_over_it() -> None:
     """Deepest 11, latency 1 s: a 1-call unit has 10 latencies of slack, 7 beyond the
-    margin. Its hold is 1 s plus a share of those 7: the first is 0.618 of them (the
-    golden-ratio step), and 70 such holds fall 10 into each second of [1, 8)."""
+    margin. Spread, its hold is 1 s plus a share of those 7: the first is 0.618 of them
+    (the golden-ratio step), and 70 such holds fall 10 into each second of [1, 8). A
+    unit not asking to be spread (a visit chain) is held one latency."""
     clock = FakeClock()
     order = StartOrder(clock=clock)
     order.observe_latency(1.0)
     admitted(order, 11)
-    assert order.hold_s(1) == pytest.approx(1.0 + 0.6180339887 * 7)
-    holds = [order.hold_s(1) for _ in range(69)]
+    assert order.hold_s(1, spread=True) == pytest.approx(1.0 + 0.6180339887 * 7)
+    holds = [order.hold_s(1, spread=True) for _ in range(69)]
     assert all(1.0 <= h < 8.0 for h in holds)
     per_second = [sum(1 for h in [1.0 + 0.6180339887 * 7, *holds] if k <= h < k + 1) for k in range(1, 8)]
     assert all(9 <= n <= 11 for n in per_second), per_second
     # A 7-call unit has 1 latency beyond the margin: its holds stay within [1, 2).
-    assert all(1.0 <= order.hold_s(7) < 2.0 for _ in range(20))
+    assert all(1.0 <= order.hold_s(7, spread=True) < 2.0 for _ in range(20))
+    assert order.hold_s(1) == 1.0 and order.hold_s(7) == 1.0
 
 
 def test_the_deepest_chains_calls_left_fall_with_the_latency() -> None:
@@ -367,8 +369,8 @@ def test_the_latency_is_smoothed_and_the_hold_capped() -> None:
 
 def test_a_held_unit_queues_after_its_hold_and_a_deep_one_does_not_wait() -> None:
     """On the loop: with a 0.2 s latency, a 1-call unit behind an admitted 6-call chain
-    is admitted 0.2 s later plus a share of its 2 latencies beyond the margin (0.618 of
-    them: 0.45 s); a 5-call unit (one shorter) at once."""
+    is admitted 0.2 s later; spread, 0.2 s plus a share of its 2 latencies beyond the
+    margin (0.618 of them: 0.45 s); a 5-call unit (one shorter) at once."""
 
     async def scenario() -> dict[str, float]:
         order = StartOrder()
@@ -378,16 +380,17 @@ def test_a_held_unit_queues_after_its_hold_and_a_deep_one_does_not_wait() -> Non
         await order.wait(6)
         times: dict[str, float] = {}
 
-        async def timed(name: str, calls: int) -> None:
-            await order.wait(calls)
+        async def timed(name: str, calls: int, spread: bool = False) -> None:
+            await order.wait(calls, spread)
             times[name] = loop.time() - started
 
-        await asyncio.gather(timed("held", 1), timed("close", 5))
+        await asyncio.gather(timed("held", 1), timed("spread", 1, True), timed("close", 5))
         return times
 
     times = asyncio.run(scenario())
     assert times["close"] < 0.1, times
-    assert 0.43 <= times["held"] < 0.6, times
+    assert 0.18 <= times["held"] < 0.3, times
+    assert 0.43 <= times["spread"] < 0.6, times
 
 
 def test_a_cancelled_hold_takes_no_admission() -> None:

@@ -41,8 +41,9 @@ async def run_outcome_unit(ctx: UnitContext, unit: Claimed, owner: str) -> UnitO
     async def one(kind: str, key: str) -> tuple[str, str, JudgeResult[Any], StoreOutcome]:
         # A call no other call waits on: it starts after every visit chain waiting to
         # start (depth 1 in the start order), so a step's outcome calls, hundreds at
-        # once, do not delay the first calls of its longest chains.
-        await ctx.engine.start_order.wait(1)
+        # once, do not delay the first calls of its longest chains, and spread over
+        # its slack, so they do not land in one wave on the chains' hops.
+        await ctx.engine.start_order.wait(1, spread=True)
         if kind == RUBRIC:
             request: Any = RubricJudgeRequest(content.question, rubrics[key], report)
             prompt = ctx.judge.rubric_prompt(request)

@@ -141,15 +141,18 @@ class StartOrder:
     answer comes one latency after the first wave, which is the hold a known latency
     would have given.
 
-    A unit with more slack than the margin is held longer, by a share of that extra
-    slack that differs from one unit to the next (the golden-ratio sequence: any run
-    of holds covers the range evenly). Outcome calls, one call each beside chains of
-    up to 11, were all held for the same latency and went out in one wave, on the
-    chains' own hops, whose answers waited behind them: spread over their slack, a
-    step with outcome judging took a median 1.10x its bound instead of 1.14x
-    (BENCHMARKS.md, tenth round). The first hold of a fresh process is not spread:
-    the first answers of a cold process come late, and a latency learnt from them
-    spread units past the deepest chain (1.18x against 1.14x).
+    A unit that asks to be spread (``wait(..., spread=True)``) and has more slack than
+    the margin is held longer, by a share of that extra slack that differs from one
+    unit to the next (the golden-ratio sequence: any run of holds covers the range
+    evenly). Outcome calls, one call each beside chains of up to 11, were all held for
+    the same latency and went out in one wave, on the chains' own hops, whose answers
+    waited behind them (BENCHMARKS.md, tenth round). Only they are spread: nothing
+    but their group's aggregation waits on them, while a visit chain is followed by
+    its snippet calls and its group may have been stored late, which the margin
+    covers for one latency's hold but not for one that uses up the slack (spread
+    chains of 6 calls ended a step 2 s after its bound). The first hold of a fresh
+    process is not spread either: the first answers of a cold process come late, and
+    a latency learnt from them spread units past the deepest chain.
     """
 
     def __init__(self, per_tick: int = 64, clock: Callable[[], float] = time.monotonic):
@@ -168,6 +171,8 @@ class StartOrder:
         self._cold_timer: asyncio.TimerHandle | None = None
         #: Where the last spread hold fell in its range, in [0, 1).
         self._spread = 0.0
+        #: Waiting units that asked to be spread over their slack.
+        self._spreading: set[asyncio.Future[None]] = set()
 
     def observe_latency(self, seconds: float) -> None:
         """An answered call's latency: the pace at which chains advance."""
@@ -196,13 +201,15 @@ class StartOrder:
             return calls
         return math.ceil(calls - (self._clock() - at) / self.latency_s)
 
-    def hold_s(self, priority: int) -> float:
+    def hold_s(self, priority: int, spread: bool = False) -> float:
         """How long a unit of ``priority`` calls is held at its turn (0: not at all; with
         no latency known yet, ``MAX_HOLD_S`` unless a call ends first): one latency,
-        plus a spread share of the slack beyond the margin."""
+        plus, with ``spread``, a share of the slack beyond the margin."""
         if self.deepest_left() - priority < HOLD_MARGIN:
             return 0.0
-        return MAX_HOLD_S if self.latency_s is None else min(self.latency_s + self._spread_s(priority), MAX_HOLD_S)
+        if self.latency_s is None:
+            return MAX_HOLD_S
+        return min(self.latency_s + (self._spread_s(priority) if spread else 0.0), MAX_HOLD_S)
 
     def _spread_s(self, priority: int) -> float:
         beyond_margin = self.deepest_left() - priority - HOLD_MARGIN
@@ -211,11 +218,17 @@ class StartOrder:
         self._spread = (self._spread + GOLDEN_STEP) % 1.0
         return self._spread * beyond_margin * self.latency_s
 
-    async def wait(self, priority: int) -> None:
-        """Return when admitted (``priority``: the unit's calls to make; more goes first)."""
+    async def wait(self, priority: int, spread: bool = False) -> None:
+        """Return when admitted (``priority``: the unit's calls to make; more goes first;
+        ``spread``: a unit nothing else waits on, which may use its slack)."""
         granted = self._waiters.add(priority)
+        if spread:
+            self._spreading.add(granted)
         self._schedule(asyncio.get_running_loop())
-        await granted
+        try:
+            await granted
+        finally:
+            self._spreading.discard(granted)
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if not self._scheduled:
@@ -231,7 +244,7 @@ class StartOrder:
             if waiter is None:
                 break
             priority, held, granted = waiter
-            hold = 0.0 if held else self.hold_s(priority)
+            hold = 0.0 if held else self.hold_s(priority, granted in self._spreading)
             if hold > 0 and self.latency_s is None:
                 self._hold_cold(loop, priority, granted)
                 continue
