@@ -73,11 +73,15 @@ class Aggregator:
                 rollout_pks = {doc["id"]: pk for pk, doc in outlined}
                 turn_pks = repo.turn_ids(s, rollout_pks.values())
                 repo.store_results(s, *result_rows(rollout_pks, turn_pks, credits, advantages))
-                for rollout_id, breakdown in breakdowns.items():
+                if breakdowns:
+                    # One bulk update by primary key (one round trip on Postgres), not a
+                    # statement per rollout: 1 ms each in the aggregation of a group.
                     s.execute(
-                        update(m.Rollout)
-                        .where(m.Rollout.id == rollout_pks[rollout_id])
-                        .values(outcome_reward=breakdown.reward, outcome=breakdown_json(breakdown))
+                        update(m.Rollout),
+                        [
+                            {"id": rollout_pks[rollout_id], "outcome_reward": b.reward, "outcome": breakdown_json(b)}
+                            for rollout_id, b in breakdowns.items()
+                        ],
                     )
                 st = advantages.stats
                 stats = {
