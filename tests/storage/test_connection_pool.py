@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import create_engine, event, text
@@ -41,43 +42,45 @@ def _count_pings(db: Database) -> Callable[[], int]:
     return lambda: len(pings)
 
 
-def test_a_connection_idle_past_the_threshold_that_died_is_replaced_without_an_error(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(database, "PING_AFTER_IDLE_S", 0.2)
+@contextmanager
+def _one_connection_pool(monkeypatch: pytest.MonkeyPatch, ping_after_idle_s: float) -> Iterator[tuple[Database, str]]:
+    """A pool of one connection on a fresh Postgres database, pinging after this idle time."""
+    monkeypatch.setattr(database, "PING_AFTER_IDLE_S", ping_after_idle_s)
     with postgres_database("drcredit_pool") as url:
         db = Database(url, 1)
         try:
-            first = _backend_pid(db)
-            _terminate(url, first)
-            time.sleep(0.3)
-            # The pooled connection is dead; its idle time earns it a ping, the ping fails
-            # and the pool hands out a new connection: the transaction never sees the loss.
-            second = _backend_pid(db)
-            assert second != first
+            yield db, url
         finally:
             db.dispose()
+
+
+def test_a_connection_idle_past_the_threshold_that_died_is_replaced_without_an_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with _one_connection_pool(monkeypatch, 0.2) as (db, url):
+        first = _backend_pid(db)
+        _terminate(url, first)
+        time.sleep(0.3)
+        # The pooled connection is dead; its idle time earns it a ping, the ping fails
+        # and the pool hands out a new connection: the transaction never sees the loss.
+        second = _backend_pid(db)
+        assert second != first
 
 
 def test_a_connection_back_at_work_at_once_is_not_pinged_and_a_loss_meanwhile_fails_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(database, "PING_AFTER_IDLE_S", 30.0)
-    with postgres_database("drcredit_pool") as url:
-        db = Database(url, 1)
-        try:
-            pings = _count_pings(db)
-            checkouts: list[int] = []
-            event.listen(db.engine, "checkout", lambda *_: checkouts.append(1))
-            first = _backend_pid(db)
-            for _ in range(5):
-                assert _backend_pid(db) == first
-            assert len(checkouts) == 6 and pings() == 0
-            # Within the idle window a lost connection fails its transaction, as one in
-            # flight would; the disconnect invalidates the pool and the next one reconnects.
-            _terminate(url, first)
-            with pytest.raises(OperationalError):
-                _backend_pid(db)
-            assert _backend_pid(db) != first
-        finally:
-            db.dispose()
+    with _one_connection_pool(monkeypatch, 30.0) as (db, url):
+        pings = _count_pings(db)
+        checkouts: list[int] = []
+        event.listen(db.engine, "checkout", lambda *_: checkouts.append(1))
+        first = _backend_pid(db)
+        for _ in range(5):
+            assert _backend_pid(db) == first
+        assert len(checkouts) == 6 and pings() == 0
+        # Within the idle window a lost connection fails its transaction, as one in
+        # flight would; the disconnect invalidates the pool and the next one reconnects.
+        _terminate(url, first)
+        with pytest.raises(OperationalError):
+            _backend_pid(db)
+        assert _backend_pid(db) != first
