@@ -136,9 +136,9 @@ def reference_ms() -> float:
     """CPU milliseconds of a fixed piece of Python work, timed just before a run.
 
     The step is CPU-bound on two cores, and machines of one kind ran the same code up to
-    2x slower from one hour to the next (BENCHMARKS.md, eighth and tenth rounds), which moves every
-    ratio to the bound; each run carries the machine's speed it ran at. The best of three
-    timings, so a preempted one does not count.
+    2x slower from one hour to the next (BENCHMARKS.md, eighth and tenth rounds), which
+    moves every ratio to the bound; each run carries the machine's speed it ran at. The
+    best of three timings, so a preempted one does not count.
     """
     timings = []
     for _ in range(3):
