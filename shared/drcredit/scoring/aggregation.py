@@ -72,17 +72,8 @@ class Aggregator:
                 failed = False
                 rollout_pks = {doc["id"]: pk for pk, doc in outlined}
                 turn_pks = repo.turn_ids(s, rollout_pks.values())
-                repo.store_results(s, *result_rows(rollout_pks, turn_pks, credits, advantages))
-                if breakdowns:
-                    # One bulk update by primary key (one round trip on Postgres), not a
-                    # statement per rollout: 1 ms each in the aggregation of a group.
-                    s.execute(
-                        update(m.Rollout),
-                        [
-                            {"id": rollout_pks[rollout_id], "outcome_reward": b.reward, "outcome": breakdown_json(b)}
-                            for rollout_id, b in breakdowns.items()
-                        ],
-                    )
+                outcomes = [(rollout_pks[rid], b.reward, breakdown_json(b)) for rid, b in breakdowns.items()]
+                repo.store_results(s, *result_rows(rollout_pks, turn_pks, credits, advantages), outcomes)
                 st = advantages.stats
                 stats = {
                     "mu_rg": st.mu_rg,

@@ -11,7 +11,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from drcredit.storage import models as m
-from drcredit.storage.database import postgres_driver
+from drcredit.storage.database import dump_json, postgres_driver
 
 
 def rollout_document(s: Session, group_pk: int, rollout_id: str) -> dict[str, Any] | None:
@@ -95,10 +95,15 @@ _TURN_RESULT_TYPES = ("float8", "float8", "float8", "float8", "float8", "int", "
 
 
 def store_results(
-    s: Session, turns: Sequence[tuple[int, Sequence[Any]]], rollouts: Sequence[tuple[int, float]]
+    s: Session,
+    turns: Sequence[tuple[int, Sequence[Any]]],
+    rollouts: Sequence[tuple[int, float]],
+    outcomes: Sequence[tuple[int, float | None, dict[str, Any]]] = (),
 ) -> None:
     """Write aggregation's results: per turn row id its :data:`TURN_RESULTS` values, per
-    rollout row id its outcome advantage."""
+    rollout row id its outcome advantage, and with ``outcome_source: judge`` per rollout
+    row id the outcome reward the service computed and its breakdown. One statement per
+    kind of row, whatever the group's size."""
     pg = postgres_driver(s)
     if pg is not None:
         columns = ", ".join(f"{c} = x.{c}" for c in TURN_RESULTS)
@@ -113,6 +118,12 @@ def store_results(
             " WHERE rollouts.id = x.id",
             ([pk for pk, _ in rollouts], [a for _, a in rollouts]),
         )
+        if outcomes:
+            pg.execute(
+                "UPDATE rollouts SET outcome_reward = x.r, outcome = x.o::json"
+                " FROM unnest(%s::int[], %s::float8[], %s::text[]) AS x(id, r, o) WHERE rollouts.id = x.id",
+                ([pk for pk, _, _ in outcomes], [r for _, r, _ in outcomes], [dump_json(o) for _, _, o in outcomes]),
+            )
         return
     turns_table: Table = m.Turn.__table__  # type: ignore[assignment]
     rollouts_table: Table = m.Rollout.__table__  # type: ignore[assignment]
@@ -125,6 +136,11 @@ def store_results(
         s.connection().execute(
             update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")),
             [{"pk": pk, "outcome_advantage": a} for pk, a in rollouts],
+        )
+    if outcomes:
+        s.connection().execute(
+            update(rollouts_table).where(rollouts_table.c.id == bindparam("pk")),
+            [{"pk": pk, "outcome_reward": r, "outcome": o} for pk, r, o in outcomes],
         )
 
 
