@@ -46,10 +46,16 @@ _REQUEST_NUMBERS = itertools.count()
 _PROCESS = f"drcredit-{os.getpid()}-{os.urandom(4).hex()}"
 
 
+#: The client's own per-request security default, given explicitly: an option left out
+#: is filled with a deep copy of its default on every request (pydantic's
+#: ``model_construct``), 15-20 us of the client's CPU per judgment.
+_SECURITY: Any = {"bearer_auth": True, "admin_api_key_auth": True}
+
+
 def _options() -> Any:
     # The body goes as bytes encoded with orjson (the client's own encoder is the
     # stdlib's), under the client's default Content-Type: application/json.
-    return {"idempotency_key": f"{_PROCESS}-{next(_REQUEST_NUMBERS)}"}
+    return {"idempotency_key": f"{_PROCESS}-{next(_REQUEST_NUMBERS)}", "security": _SECURITY, "max_retries": 0}
 
 
 class BadRequest(Exception):
