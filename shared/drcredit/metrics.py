@@ -42,6 +42,10 @@ JUDGE_OUTAGES = Counter(
     "drcredit_judge_outages_total", "Times a judge endpoint became unreachable (its breaker opened)", ["endpoint"]
 )
 JUDGE_UP = Gauge("drcredit_judge_up", "1 while the judge endpoint is reachable from this process, else 0", ["endpoint"])
+ROLLOUT_CACHE_BYTES = Gauge(
+    "drcredit_rollout_cache_bytes",
+    "Stored JSON size of the rollout content this process keeps (DRCREDIT_ROLLOUT_CACHE_MB bounds it)",
+)
 SWEEPS = Counter("drcredit_sweep_redispatched_total", "Work units re-dispatched by the sweeper")
 
 

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     #: Threads of a process's engine that run database transactions for its units (the
     #: units themselves are coroutines and hold no thread while the judge works).
     database_threads: int = Field(6, ge=1, le=64)
+    #: Rollout content a process keeps for the units that come back to it, in MB of its
+    #: stored JSON (about 1.4x that in memory). A step whose rollouts a worker reads
+    #: exceed it still scores exactly; evicted rollouts are read again (2-3 ms each).
+    rollout_cache_mb: int = Field(128, ge=1)
     broker_url: str | None = None
     #: Bring the schema to head at start-up (one process at a time on Postgres). False:
     #: never (a migration job runs ``drcredit db upgrade``); a schema behind the release

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pytest
+from prometheus_client import REGISTRY
 
+from drcredit.scoring.rollout_cache import RolloutCache
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage import repository as repo
 from tests.pipeline.test_pipeline import REPEAT, levels, runtime, score
@@ -71,3 +74,40 @@ def test_a_failed_read_ahead_leaves_each_unit_to_read_its_own_rollout(
     with runtime(tmp_path / "again", marker_judge) as rt:
         doc = score(rt, REPEAT)
     assert doc["advantages"]["rollouts"] == expected["advantages"]["rollouts"]
+
+
+def test_rollout_content_kept_is_bounded_by_its_stored_size(database_url: str, marker_judge: JudgeServer) -> None:
+    """The content cache is bounded by the stored JSON size of what it keeps; an evicted
+    rollout is read again, the same."""
+    rt = Runtime.build(settings_for(database_url, marker_judge.url, rollout_cache_mb=3))
+    try:
+        assert rt.pipeline.rollouts.content_budget == 3 << 20  # DRCREDIT_ROLLOUT_CACHE_MB
+        sub = rt.pipeline.submit_group("t", TWO_KINDS.model_copy(update={"group_id": "bounded"}))
+        with rt.db.read_session() as s:
+            size = {r: len(orjson.dumps(repo.rollout_document(s, sub.group_pk, r))) for r in ("a", "b")}
+        cache = RolloutCache(rt.db, rt.pipeline.engine, content_budget=size["a"] + size["b"] - 1)
+        first = cache.content(sub.group_pk, "a")
+        cache.content(sub.group_pk, "b")  # a and b together are one byte over: a goes
+        assert cache.content_bytes == size["b"]
+        again = cache.content(sub.group_pk, "a")
+        assert again is not first and again == first
+        assert cache.content_bytes == size["a"]
+        cache.preload([(sub.group_pk, "a"), (sub.group_pk, "b")])  # read together, bounded the same
+        assert cache.content_bytes in (size["a"], size["b"])
+    finally:
+        rt.close()
+
+
+def test_a_group_scores_the_same_when_no_rollout_content_stays_cached(
+    tmp_path: Path, marker_judge: JudgeServer
+) -> None:
+    with runtime(tmp_path, marker_judge) as rt:
+        expected = score(rt, REPEAT)
+    with runtime(tmp_path / "again", marker_judge) as rt:
+        rt.pipeline.rollouts.content_budget = 1  # every read evicts the one before
+        doc = score(rt, REPEAT)
+        kept = rt.pipeline.rollouts.content_bytes
+        assert kept > 1  # the newest entry is kept
+        assert REGISTRY.get_sample_value("drcredit_rollout_cache_bytes") == kept
+    assert doc["advantages"]["rollouts"] == expected["advantages"]["rollouts"]
+    assert levels(doc, "a") == levels(expected, "a")

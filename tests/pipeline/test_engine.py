@@ -603,3 +603,16 @@ def test_recent_forgets_the_least_recently_used_entry() -> None:
     cache.put("c", 3)
     assert "b" not in cache and cache.get("b") is None
     assert cache.get("a") == 1 and cache.get("c") == 3
+
+
+def test_recent_keeps_the_summed_weights_within_its_budget() -> None:
+    cache: Recent[str, str] = Recent(size=100, budget=10)
+    cache.put("a", "A", 4)
+    cache.put("b", "B", 4)
+    assert cache.get("a") == "A"  # b is now the least recently used
+    cache.put("c", "C", 4)  # 12 > 10: b goes
+    assert "b" not in cache and len(cache) == 2 and cache.weight == 8
+    cache.put("a", "A2", 1)  # a put again replaces its weight, not adds to it
+    assert cache.weight == 5 and cache.get("a") == "A2"
+    cache.put("d", "D", 20)  # heavier than the budget alone: kept, the others go
+    assert len(cache) == 1 and cache.get("d") == "D" and cache.weight == 20

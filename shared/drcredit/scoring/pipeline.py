@@ -39,7 +39,7 @@ from drcredit.scoring.judging import JudgeCalls
 from drcredit.scoring.leases import LeaseKeeper
 from drcredit.scoring.lifecycle import UnitLifecycle
 from drcredit.scoring.outages import JudgeOutages
-from drcredit.scoring.rollout_cache import RolloutCache
+from drcredit.scoring.rollout_cache import DEFAULT_CONTENT_BUDGET, RolloutCache
 from drcredit.scoring.snippet_release import SnippetRelease
 from drcredit.scoring.unit_context import UnitContext
 from drcredit.scoring.units import UnitOutcome
@@ -67,6 +67,7 @@ class Pipeline:
         write_linger_s: float = 0.05,
         store_patience_s: float = 600.0,
         limits: Limits | None = None,
+        rollout_cache_bytes: int = DEFAULT_CONTENT_BUDGET,
     ):
         self.db = db
         self.judge = judge
@@ -80,7 +81,7 @@ class Pipeline:
         self.outages = JudgeOutages(db, judge.breaker, self.engine.db)
         self.leases = LeaseKeeper(db, lease_s, self.engine.db)
         self.engine.on_close(self.leases.stop)
-        self.rollouts = RolloutCache(db, self.engine)
+        self.rollouts = RolloutCache(db, self.engine, rollout_cache_bytes)
         self.snippets = SnippetRelease(db, dispatcher, self.rollouts)
         self.writer = JudgmentWriter(
             db,

@@ -13,27 +13,35 @@ from collections.abc import Iterable
 from contextlib import nullcontext
 from typing import Any
 
+import orjson
 from sqlalchemy.orm import Session
 
 from drcredit.domain.credit import RolloutPlan, plan_rollout
 from drcredit.domain.group import GroupContent, Rollout, Rubric
 from drcredit.domain.params import ScoringParams
+from drcredit.metrics import ROLLOUT_CACHE_BYTES
 from drcredit.scoring.content import parse_rubrics
 from drcredit.scoring.engine import Engine, Recent
 from drcredit.scoring.errors import NotFound
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database
 
+#: Rollout content kept per process by default, in bytes of its stored JSON (in memory
+#: it takes about 1.4 times that): four default benchmark steps of 27 MB each.
+DEFAULT_CONTENT_BUDGET = 128 << 20
+
 
 class RolloutCache:
     """Rollout content, plans, group parameters and group headers, per process."""
 
-    def __init__(self, db: Database, engine: Engine):
+    def __init__(self, db: Database, engine: Engine, content_budget: int = DEFAULT_CONTENT_BUDGET):
         self.db = db
         self.engine = engine
         #: Content per (group, rollout): a message carries one rollout's units, which
-        #: share it.
-        self._content: Recent[tuple[int, str], GroupContent] = Recent()
+        #: share it. Bounded by its size: bounded by a count alone (4,096 rollouts), a
+        #: worker grew by about 30 MB with each default benchmark step (770 MB after
+        #: nine), on its way past the 1 GiB limit of the Kubernetes manifests.
+        self._content: Recent[tuple[int, str], GroupContent] = Recent(budget=content_budget)
         #: Content loads in flight on the engine loop: a message's units start together
         #: and would otherwise each load (and validate) the same rollout.
         self._loads: dict[tuple[int, str], asyncio.Future[GroupContent]] = {}
@@ -73,7 +81,7 @@ class RolloutCache:
         if document is None:
             raise NotFound(f"rollout {rollout_id!r} of group {group_pk} not found")
         content = GroupContent.model_validate(document)
-        self._content.put(key, content)
+        self._keep(key, content, document)
         return content
 
     def preload(self, wanted: Iterable[tuple[int, str]]) -> None:
@@ -92,7 +100,12 @@ class RolloutCache:
         with self.db.read_session() as s:
             for group_pk, rollout_ids in missing.items():
                 for rollout_id, document in repo.rollout_documents(s, group_pk, rollout_ids).items():
-                    self._content.put((group_pk, rollout_id), GroupContent.model_validate(document))
+                    self._keep((group_pk, rollout_id), GroupContent.model_validate(document), document)
+
+    def _keep(self, key: tuple[int, str], content: GroupContent, document: Any) -> None:
+        # Weighed by the document's size as stored (about 60 us for 150 KB, once per read).
+        self._content.put(key, content, len(orjson.dumps(document)))
+        ROLLOUT_CACHE_BYTES.set(self._content.weight)
 
     async def acontent(self, group_pk: int, rollout_id: str) -> GroupContent:
         """:meth:`content` from the engine loop, read on a database thread."""
@@ -116,3 +129,17 @@ class RolloutCache:
             plan = plan_rollout(content, rollout, params)
             self._plans.put(key, plan)
         return plan
+
+    @property
+    def content_bytes(self) -> int:
+        """The stored JSON size of the rollout content kept now."""
+        return self._content.weight
+
+    @property
+    def content_budget(self) -> int | None:
+        """The most rollout content kept, in bytes of stored JSON (``DRCREDIT_ROLLOUT_CACHE_MB``)."""
+        return self._content.budget
+
+    @content_budget.setter
+    def content_budget(self, budget: int | None) -> None:
+        self._content.budget = budget

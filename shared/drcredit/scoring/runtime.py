@@ -59,6 +59,7 @@ class Runtime:
             claims=settings.distributed,
             judge_concurrency=settings.judge_concurrency,
             db_threads=db_threads,
+            rollout_cache_bytes=settings.rollout_cache_mb << 20,
         )
         if isinstance(dispatcher, InProcessDispatcher):
             # Every group finishes in this process: its long-polls hear of it directly.
