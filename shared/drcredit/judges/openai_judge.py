@@ -46,9 +46,10 @@ _REQUEST_NUMBERS = itertools.count()
 _PROCESS = f"drcredit-{os.getpid()}-{os.urandom(4).hex()}"
 
 
-#: The client's own per-request security default, given explicitly: an option left out
-#: is filled with a deep copy of its default on every request (pydantic's
-#: ``model_construct``), 15-20 us of the client's CPU per judgment.
+#: The client's own per-request security default, given explicitly with its
+#: ``max_retries`` (0, as the client is built): an option left out is filled with a deep
+#: copy of its default on every request (pydantic's ``model_construct``), 15-20 us of
+#: the client's CPU per judgment.
 _SECURITY: Any = {"bearer_auth": True, "admin_api_key_auth": True}
 
 

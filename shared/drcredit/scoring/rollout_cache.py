@@ -38,9 +38,9 @@ class RolloutCache:
         self.db = db
         self.engine = engine
         #: Content per (group, rollout): a message carries one rollout's units, which
-        #: share it. Bounded by its size: bounded by a count alone (4,096 rollouts), a
-        #: worker grew by about 30 MB with each default benchmark step (770 MB after
-        #: nine), on its way past the 1 GiB limit of the Kubernetes manifests.
+        #: share it. Bounded by its stored size: with only a count bound (4,096
+        #: rollouts), a worker grew by about 30 MB with each default benchmark step
+        #: (781 MB after ten), toward the 1 GiB limit of the Kubernetes manifests.
         self._content: Recent[tuple[int, str], GroupContent] = Recent(budget=content_budget)
         #: Content loads in flight on the engine loop: a message's units start together
         #: and would otherwise each load (and validate) the same rollout.
