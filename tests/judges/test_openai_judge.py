@@ -296,3 +296,24 @@ def test_the_keepalive_comes_from_settings() -> None:
     )
     assert isinstance(judge, OpenAIJudge) and judge.keepalive_s == 2.5
     assert Settings().judge_keepalive_s < 5.0  # under uvicorn's (vLLM's, SGLang's) 5 s
+
+
+def test_request_options_leave_no_default_to_deep_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The client builds each request's options with pydantic's model_construct, which
+    # deep-copies the default of every option left out; the judge gives them all.
+    from openai import NotGiven
+    from openai._models import FinalRequestOptions
+    from pydantic._internal import _utils
+
+    from drcredit.judges import openai_judge
+
+    copies: list[object] = []
+    real = _utils.deepcopy
+    monkeypatch.setattr(_utils, "deepcopy", lambda obj, *a: copies.append(obj) or real(obj, *a))
+    options = FinalRequestOptions.construct(method="post", url="u", content=b"{}", **openai_judge._options())
+    assert copies == []
+    assert options.max_retries == 0 and options.idempotency_key
+    # Left to the client, as if not given: its timeout, its headers, no parser.
+    assert isinstance(options.timeout, NotGiven) and isinstance(options.headers, NotGiven)
+    FinalRequestOptions.construct(method="post", url="u", content=b"{}")
+    assert copies, "the check sees the deep copies of a default build"
