@@ -15,7 +15,8 @@ def tune_gc(threshold: int) -> None:
     worker and its full collections walked every cached rollout: a third of the
     worker's CPU in the benchmark (BENCHMARKS.md). Most of those objects die by
     reference counting before a collection at a higher threshold, which is all this
-    changes; cycles are still collected. ``threshold`` 0 keeps Python's defaults.
+    changes; cycles are still collected, mostly while no unit runs (see
+    :class:`IdleCollector`). ``threshold`` 0 keeps Python's defaults.
     """
     if threshold <= 0:
         return
@@ -24,6 +25,46 @@ def tune_gc(threshold: int) -> None:
     gc.freeze()
     _, second, third = gc.get_threshold()
     gc.set_threshold(threshold, second, third)
+
+
+class IdleCollector:
+    """Collects the young generations of cyclic garbage when no unit is running.
+
+    What a collection costs is the live objects it walks, and in the middle of a step
+    those are the calls in flight (coroutines, requests, responses): nearly all of them
+    survive, so a collection then is a pause of the engine loop that frees little. With
+    the first-generation threshold above a step's growth in live objects, the garbage of
+    a step is collected here, once its units are done, when the walk is short and delays
+    no judge call. ``delay_s``: how long the process must stay idle first (a worker
+    between two deliveries of one step is not idle).
+    """
+
+    def __init__(self, delay_s: float = 0.5) -> None:
+        self.delay_s = delay_s
+        self.running = 0
+        #: Collections made here.
+        self.collections = 0
+        self._waiting: asyncio.TimerHandle | None = None
+
+    def started(self) -> None:
+        self.running += 1
+        if self._waiting is not None:
+            self._waiting.cancel()
+            self._waiting = None
+
+    def finished(self) -> None:
+        """On the engine loop, when a delivery's units end: the last one arms the collection."""
+        self.running -= 1
+        if self.running == 0 and self._waiting is None:
+            self._waiting = asyncio.get_running_loop().call_later(self.delay_s, self._collect)
+
+    def _collect(self) -> None:
+        self._waiting = None
+        if self.running == 0 and gc.isenabled():
+            # The oldest generation too once the collector itself would take it at its
+            # next collection: a full walk (every cached rollout) belongs here, not in a step.
+            gc.collect(2 if gc.get_count()[2] >= gc.get_threshold()[2] else 1)
+            self.collections += 1
 
 
 def raise_open_files_limit(wanted: int = 65536) -> None:

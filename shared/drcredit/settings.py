@@ -93,9 +93,10 @@ class Settings(BaseSettings):
 
     # Operations ------------------------------------------------------------
     #: First-generation threshold of Python's cyclic garbage collector in the API and
-    #: worker processes (Python's default is 700; 0 keeps the defaults). See
-    #: ``drcredit.process.tune_gc``.
-    gc_threshold: int = Field(50_000, ge=0)
+    #: worker processes (Python's default is 700; 0 keeps the defaults): above a step's
+    #: growth in live objects, so garbage is collected between steps. See
+    #: ``drcredit.process.tune_gc`` and ``IdleCollector``.
+    gc_threshold: int = Field(400_000, ge=0)
     log_level: str = "INFO"
     log_format: Literal["console", "json"] = "console"
     metrics_port: int | None = None

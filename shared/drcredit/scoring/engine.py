@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
-from drcredit.process import new_event_loop
+from drcredit.process import IdleCollector, new_event_loop
 from drcredit.scoring.priority import PrioritySlots, StartOrder
 
 log = logging.getLogger("drcredit.engine")
@@ -94,6 +94,8 @@ class Engine:
         self._start_order: StartOrder | None = None
         self._start_lock = threading.Lock()
         self._closing: list[Callable[[], Awaitable[None]]] = []
+        #: Cyclic garbage collected between steps, not during them.
+        self.idle_collector = IdleCollector()
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
