@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from drcredit.domain.group import GroupIn, Rubric
 from drcredit.domain.outcome import (
     JOINT,
+    ReportFacts,
     citation_calls,
     citation_matches,
     claim_score,
@@ -296,3 +298,19 @@ def test_a_given_reward_with_judge_source_is_invalid() -> None:
             rollout("b", answer("r"), reward=None),
             params={"outcome_source": "judge"},
         )
+
+
+def test_report_facts_read_back_from_storage_equal_the_report_parsed_again() -> None:
+    """Ingest stores a report's facts as JSON and the outcome unit plans its calls from
+    them: what is read back must be what parsing the report gives."""
+    g = one(
+        search(("S1", "https://a.org/1")),
+        visit(page("W1", "https://a.org/1", "text"), page("W2", "https://b.org/2", "more")),
+        answer(
+            '# R\n## Part\nFirst <cite id="W1">a claim</cite>, then <cite id="W1, W2, w3">  two\n pages </cite>'
+            ' and <cite id="X9">unknown</cite> <cite id="W2">'
+        ),
+    )
+    facts = report_facts(g.rollouts[0])
+    assert len(facts.citations) == 3 and facts.malformed_markup == 1
+    assert ReportFacts.from_json(orjson.loads(orjson.dumps(facts.to_json()))) == facts

@@ -24,6 +24,7 @@ from sqlalchemy import select, update
 
 from drcredit import metrics
 from drcredit.domain.group import SearchResult
+from drcredit.domain.outcome import ReportFacts
 from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.leases import LeaseKeeper
@@ -181,8 +182,12 @@ class UnitLifecycle:
                 if resumed
                 else ({}, {}, set())
             )
+            # An outcome unit's calls come from its report's facts, as ingest found them.
+            kinds = {r.unit_id: r.kind for r in refs}
+            facts = repo.outcome_facts(s, {(u.group_pk, u.rollout_id) for u in taken if kinds[u.id] == "outcome"})
             for unit in taken:
                 chain = (unit.group_pk, unit.rollout_id, unit.rubric_id or "")
+                stored_facts = facts.get((unit.group_pk, unit.rollout_id)) if kinds[unit.id] == "outcome" else None
                 out[unit.id] = Claimed(
                     unit_id=unit.id,
                     group_pk=unit.group_pk,
@@ -200,6 +205,7 @@ class UnitLifecycle:
                     if unit.payload is None
                     else tuple(SearchResult.model_validate(r) for r in unit.payload),
                     resumed=unit.attempts > 0,
+                    facts=None if stored_facts is None else ReportFacts.from_json(stored_facts),
                 )
         return out
 

@@ -29,7 +29,7 @@ async def run_outcome_unit(ctx: UnitContext, unit: Claimed, owner: str) -> UnitO
     group_pk, params = unit.group_pk, unit.params
     content = await ctx.rollouts.acontent(group_pk, unit.rollout_id)
     rollout = content.rollout(unit.rollout_id)
-    facts = report_facts(rollout)
+    facts = unit.facts if unit.facts is not None else report_facts(rollout)
     done = await ctx.engine.db(_stored_calls, ctx, group_pk, rollout.id) if unit.resumed else set()
     calls = [call for call in planned_calls(facts, content.rubrics) if call not in done]
     located = report_of(rollout)

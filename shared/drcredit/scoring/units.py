@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from drcredit.domain.group import SearchResult
+from drcredit.domain.outcome import ReportFacts
 from drcredit.domain.params import ScoringParams
 from drcredit.judges.base import JudgeResult
 from drcredit.storage.bulk import JudgmentRow
@@ -47,6 +48,8 @@ class Claimed:
     resumed: bool = False
     #: An outcome unit's calls (``kind\x1fkey``) that may have an identical twin in the group.
     twin_calls: frozenset[str] = frozenset()
+    #: An outcome unit's report facts, stored at ingest (None: read the rollout's report).
+    facts: ReportFacts | None = None
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,30 @@ def rollout_documents(s: Session, group_pk: int, rollout_ids: Collection[str]) -
     return out
 
 
+def outcome_facts(s: Session, wanted: Collection[tuple[int, str]]) -> dict[tuple[int, str], dict[str, Any]]:
+    """The report facts ingest stored for these (group, rollout) pairs (one query); pairs
+    without any (outcome not judged: JSON null) are left out."""
+    if not wanted:
+        return {}
+    group_pks, rollout_ids = sorted({g for g, _ in wanted}), sorted({r for _, r in wanted})
+    pg = postgres_driver(s)
+    rows: Sequence[Any]
+    if pg is not None:
+        rows = pg.execute(
+            "SELECT group_pk, rollout_id, outcome_facts FROM rollouts"
+            " WHERE group_pk = ANY(%s) AND rollout_id = ANY(%s)",
+            (group_pks, rollout_ids),
+        ).fetchall()
+    else:
+        rows = s.execute(
+            select(m.Rollout.group_pk, m.Rollout.rollout_id, m.Rollout.outcome_facts).where(
+                m.Rollout.group_pk.in_(group_pks),
+                m.Rollout.rollout_id.in_(rollout_ids),
+            )
+        ).all()
+    return {(g, r): doc for g, r, doc in rows if (g, r) in wanted and doc is not None}
+
+
 #: The per-turn results aggregation writes (columns of ``turns``).
 TURN_RESULTS = (
     "credit",
