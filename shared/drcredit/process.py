@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 
 
 def tune_gc(threshold: int) -> None:
@@ -28,43 +29,53 @@ def tune_gc(threshold: int) -> None:
 
 
 class IdleCollector:
-    """Collects the young generations of cyclic garbage when no unit is running.
+    """Collects cyclic garbage when the process has no work running.
 
     What a collection costs is the live objects it walks, and in the middle of a step
     those are the calls in flight (coroutines, requests, responses): nearly all of them
     survive, so a collection then is a pause of the engine loop that frees little. With
     the first-generation threshold above a step's growth in live objects, the garbage of
-    a step is collected here, once its units are done, when the walk is short and delays
-    no judge call. ``delay_s``: how long the process must stay idle first (a worker
-    between two deliveries of one step is not idle).
+    a step is collected here, once its work is done, when the walk is short and delays
+    no judge call. Work (a delivery's units, an aggregation) may start and end on any
+    thread; the collection runs on the engine loop ``delay_s`` after the last work ended,
+    unless more has started since (a worker between two deliveries is not idle).
     """
 
     def __init__(self, delay_s: float = 0.5) -> None:
         self.delay_s = delay_s
-        self.running = 0
+        self._lock = threading.Lock()
+        self._running = 0
+        self._starts = 0
         #: Collections made here.
         self.collections = 0
-        self._waiting: asyncio.TimerHandle | None = None
+
+    @property
+    def running(self) -> int:
+        return self._running
 
     def started(self) -> None:
-        self.running += 1
-        if self._waiting is not None:
-            self._waiting.cancel()
-            self._waiting = None
+        with self._lock:
+            self._running += 1
+            self._starts += 1
 
-    def finished(self) -> None:
-        """On the engine loop, when a delivery's units end: the last one arms the collection."""
-        self.running -= 1
-        if self.running == 0 and self._waiting is None:
-            self._waiting = asyncio.get_running_loop().call_later(self.delay_s, self._collect)
+    def finished(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Work ended; the last running arms a collection on ``loop``."""
+        with self._lock:
+            self._running -= 1
+            if self._running > 0:
+                return
+            starts = self._starts
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(loop.call_later, self.delay_s, self._collect, starts)
 
-    def _collect(self) -> None:
-        self._waiting = None
-        if self.running == 0 and gc.isenabled():
-            # The oldest generation too once the collector itself would take it at its
-            # next collection: a full walk (every cached rollout) belongs here, not in a step.
-            gc.collect(2 if gc.get_count()[2] >= gc.get_threshold()[2] else 1)
-            self.collections += 1
+    def _collect(self, starts: int) -> None:
+        with self._lock:
+            if self._running > 0 or self._starts != starts or not gc.isenabled():
+                return
+        # The oldest generation too once the collector itself would take it at its next
+        # collection: a full walk (every cached rollout) belongs here, not in a step.
+        gc.collect(2 if gc.get_count()[2] >= gc.get_threshold()[2] else 1)
+        self.collections += 1
 
 
 def raise_open_files_limit(wanted: int = 65536) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 import weakref
 from collections.abc import Iterator
@@ -59,7 +60,7 @@ def test_garbage_waits_while_a_delivery_runs_and_goes_once_the_process_is_idle(q
         garbage = cycle()
         await asyncio.sleep(0.15)
         during = garbage() is not None
-        idle.finished()
+        idle.finished(asyncio.get_running_loop())
         await asyncio.sleep(0.15)
         return during, garbage() is None
 
@@ -76,12 +77,12 @@ def test_a_delivery_starting_within_the_delay_puts_the_collection_off(quiet_coll
     async def main() -> bool:
         idle.started()
         garbage = cycle()
-        idle.finished()
+        idle.finished(asyncio.get_running_loop())
         await asyncio.sleep(0.03)
         idle.started()  # the next delivery of the same step
         await asyncio.sleep(0.2)
         alive = garbage() is not None
-        idle.finished()
+        idle.finished(asyncio.get_running_loop())
         await asyncio.sleep(0.2)
         assert garbage() is None
         return alive
@@ -98,14 +99,45 @@ def test_only_the_last_of_overlapping_deliveries_arms_the_collection(quiet_colle
         idle.started()
         idle.started()
         garbage = cycle()
-        idle.finished()
+        idle.finished(asyncio.get_running_loop())
         await asyncio.sleep(0.15)
         alive = garbage() is not None
-        idle.finished()
+        idle.finished(asyncio.get_running_loop())
         await asyncio.sleep(0.15)
         return alive
 
     assert asyncio.run(main())
+    assert idle.collections == 1
+
+
+def test_work_on_another_thread_holds_the_collection_off(quiet_collector: list[int]) -> None:
+    """An aggregation runs on a database or task thread, not on the loop: while it runs
+    the process is not idle, and its end arms the collection on the loop."""
+    idle = IdleCollector(delay_s=0.05)
+    release = threading.Event()
+
+    def aggregation(loop: asyncio.AbstractEventLoop) -> None:
+        idle.started()
+        release.wait(5)
+        idle.finished(loop)
+
+    async def main() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        idle.started()
+        garbage = cycle()
+        worker = threading.Thread(target=aggregation, args=(loop,))
+        worker.start()
+        idle.finished(loop)  # the units are done, the aggregation is not
+        await asyncio.sleep(0.2)
+        during = garbage() is not None
+        release.set()
+        await asyncio.to_thread(worker.join)
+        await asyncio.sleep(0.2)
+        return during, garbage() is None
+
+    during, after = asyncio.run(main())
+    assert during, "collected while an aggregation was running"
+    assert after
     assert idle.collections == 1
 
 
@@ -117,7 +149,7 @@ def test_the_oldest_generation_is_collected_when_idle_once_it_is_due(quiet_colle
     async def main() -> None:
         idle.started()
         cycle()
-        idle.finished()
+        idle.finished(asyncio.get_running_loop())
         await asyncio.sleep(0.1)
 
     asyncio.run(main())
@@ -128,7 +160,16 @@ def test_a_pipeline_collects_after_its_units_are_done(tmp_path: Path, marker_jud
     rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'db.sqlite3'}", marker_judge.url))
     try:
         idle = rt.pipeline.engine.idle_collector
+        aggregate = rt.pipeline.aggregator.run
+        seen_running: list[int] = []
+
+        def watched(group_pk: int) -> None:
+            seen_running.append(idle.running)  # the aggregation itself counts as work
+            aggregate(group_pk)
+
+        rt.pipeline.aggregator.run = watched  # type: ignore[method-assign]
         score(rt, REPEAT)
+        assert seen_running and all(n >= 1 for n in seen_running)
         deadline = time.monotonic() + 5
         while idle.collections == 0 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -13,8 +13,9 @@ import asyncio
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from drcredit.process import IdleCollector, new_event_loop
@@ -94,7 +95,7 @@ class Engine:
         self._start_order: StartOrder | None = None
         self._start_lock = threading.Lock()
         self._closing: list[Callable[[], Awaitable[None]]] = []
-        #: Cyclic garbage collected between steps, not during them.
+        #: Cyclic garbage collected between steps, not during them (see :meth:`busy`).
         self.idle_collector = IdleCollector()
 
     @property
@@ -136,6 +137,15 @@ class Engine:
         if self._start_order is None:
             self._start_order = StartOrder()
         return self._start_order
+
+    @contextmanager
+    def busy(self) -> Iterator[None]:
+        """Work of this process (from any thread): no idle garbage collection meanwhile."""
+        self.idle_collector.started()
+        try:
+            yield
+        finally:
+            self.idle_collector.finished(self.loop)
 
     def on_close(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run ``hook`` on the loop when the engine closes (release connections)."""

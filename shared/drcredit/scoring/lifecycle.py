@@ -63,15 +63,11 @@ class UnitLifecycle:
         """
         owner = f"{self.worker_id}:{uuid.uuid4().hex[:8]}"
         self.leases.ensure_heartbeat()
-        idle = self.ctx.engine.idle_collector
-        idle.started()
-        try:
+        with self.ctx.engine.busy():
             claims = await self.ctx.engine.db(self._claim_and_read, refs, owner)
             outcomes = await asyncio.gather(
                 *(self._run_claimed(ref, claims[ref.unit_id], owner) for ref in refs), return_exceptions=True
             )
-        finally:
-            idle.finished()
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -150,10 +150,11 @@ class Pipeline:
         return self.submit_units(refs).result()
 
     def submit_aggregation(self, group_pk: int) -> Future[None]:
-        return self.engine.submit(self.engine.db(self.aggregator.run, group_pk))
+        return self.engine.submit(self.engine.db(self.run_aggregation, group_pk))
 
     def run_aggregation(self, group_pk: int) -> None:
-        self.aggregator.run(group_pk)
+        with self.engine.busy():
+            self.aggregator.run(group_pk)
 
     def fail_group(self, group_pk: int, reason: str) -> None:
         self.aggregator.fail(group_pk, reason)
