@@ -65,8 +65,10 @@ class IdleCollector:
             if self._running > 0:
                 return
             starts = self._starts
-        if not loop.is_closed():
+        try:
             loop.call_soon_threadsafe(loop.call_later, self.delay_s, self._collect, starts)
+        except RuntimeError:  # the loop is closed: the process is stopping
+            pass
 
     def _collect(self, starts: int) -> None:
         with self._lock:

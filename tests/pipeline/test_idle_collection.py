@@ -177,3 +177,14 @@ def test_a_pipeline_collects_after_its_units_are_done(tmp_path: Path, marker_jud
         assert idle.collections >= 1
     finally:
         rt.close()
+
+
+def test_work_ending_after_the_loop_closed_is_no_error() -> None:
+    """An aggregation still running when the engine stops ends after its loop is closed."""
+    idle = IdleCollector(delay_s=0.01)
+    loop = asyncio.new_event_loop()
+    loop.close()
+    idle.started()
+    idle.finished(loop)
+    assert idle.running == 0
+    assert idle.collections == 0
