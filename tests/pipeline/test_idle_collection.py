@@ -14,9 +14,7 @@ from typing import Any
 import pytest
 
 from drcredit.process import IdleCollector
-from drcredit.scoring.runtime import Runtime
-from tests.pipeline.test_pipeline import REPEAT, score
-from tests.support.api import settings_for
+from tests.pipeline.test_pipeline import REPEAT, runtime, score
 from tests.support.judge_server import JudgeServer
 
 
@@ -157,8 +155,7 @@ def test_the_oldest_generation_is_collected_when_idle_once_it_is_due(quiet_colle
 
 
 def test_a_pipeline_collects_after_its_units_are_done(tmp_path: Path, marker_judge: JudgeServer) -> None:
-    rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'db.sqlite3'}", marker_judge.url))
-    try:
+    with runtime(tmp_path, marker_judge) as rt:
         idle = rt.pipeline.engine.idle_collector
         aggregate = rt.pipeline.aggregator.run
         seen_running: list[int] = []
@@ -175,8 +172,6 @@ def test_a_pipeline_collects_after_its_units_are_done(tmp_path: Path, marker_jud
             time.sleep(0.05)
         assert idle.running == 0
         assert idle.collections >= 1
-    finally:
-        rt.close()
 
 
 def test_work_ending_after_the_loop_closed_is_no_error() -> None:

@@ -24,10 +24,10 @@ from sqlalchemy import select, update
 
 from drcredit import metrics
 from drcredit.domain.group import SearchResult
-from drcredit.domain.outcome import ReportFacts
 from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.leases import LeaseKeeper
+from drcredit.scoring.outcomes import stored_facts
 from drcredit.scoring.unit_context import UnitContext
 from drcredit.scoring.unit_kinds import UNIT_KINDS
 from drcredit.scoring.units import Claimed, Stopping, UnitOutcome
@@ -178,12 +178,12 @@ class UnitLifecycle:
                 if resumed
                 else ({}, {}, set())
             )
-            # An outcome unit's calls come from its report's facts, as ingest found them.
-            kinds = {r.unit_id: r.kind for r in refs}
-            facts = repo.outcome_facts(s, {(u.group_pk, u.rollout_id) for u in taken if kinds[u.id] == "outcome"})
+            # An outcome unit's calls come from its report's facts, as ingest found them
+            # and as aggregation reads them.
+            outcome_units = {r.unit_id for r in refs if r.kind == "outcome"}
+            facts = repo.outcome_facts(s, {(u.group_pk, u.rollout_id) for u in taken if u.id in outcome_units})
             for unit in taken:
                 chain = (unit.group_pk, unit.rollout_id, unit.rubric_id or "")
-                stored_facts = facts.get((unit.group_pk, unit.rollout_id)) if kinds[unit.id] == "outcome" else None
                 out[unit.id] = Claimed(
                     unit_id=unit.id,
                     group_pk=unit.group_pk,
@@ -201,7 +201,9 @@ class UnitLifecycle:
                     if unit.payload is None
                     else tuple(SearchResult.model_validate(r) for r in unit.payload),
                     resumed=unit.attempts > 0,
-                    facts=None if stored_facts is None else ReportFacts.from_json(stored_facts),
+                    facts=stored_facts(facts.get((unit.group_pk, unit.rollout_id)))
+                    if unit.id in outcome_units
+                    else None,
                 )
         return out
 

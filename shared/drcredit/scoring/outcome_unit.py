@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from drcredit.domain.outcome import report_facts, report_of
+from drcredit.domain.outcome import report_of
 from drcredit.judges.base import CitationJudgeRequest, JudgeResult, RubricJudgeRequest
 from drcredit.scoring.outcomes import OUTCOME_KINDS, RUBRIC, answer_index, citation_call, page_evidence, planned_calls
 from drcredit.scoring.unit_context import UnitContext
@@ -29,7 +29,8 @@ async def run_outcome_unit(ctx: UnitContext, unit: Claimed, owner: str) -> UnitO
     group_pk, params = unit.group_pk, unit.params
     content = await ctx.rollouts.acontent(group_pk, unit.rollout_id)
     rollout = content.rollout(unit.rollout_id)
-    facts = unit.facts if unit.facts is not None else report_facts(rollout)
+    facts = unit.facts
+    assert facts is not None, "an outcome unit is claimed with its stored report facts"
     done = await ctx.engine.db(_stored_calls, ctx, group_pk, rollout.id) if unit.resumed else set()
     calls = [call for call in planned_calls(facts, content.rubrics) if call not in done]
     located = report_of(rollout)

@@ -131,6 +131,11 @@ def breakdown_of(
     )
 
 
+def stored_facts(doc: Mapping[str, Any] | None) -> ReportFacts:
+    """A rollout's report facts as ingest stored them; none stored reads as no report."""
+    return ReportFacts.from_json(doc or {"has_report": False})
+
+
 def group_breakdowns(
     s: Session, group_pk: int, rubrics: Sequence[Rubric], params: ScoringParams
 ) -> dict[str, OutcomeBreakdown]:
@@ -138,9 +143,7 @@ def group_breakdowns(
     judged = stored_outcomes(s, group_pk)
     facts = s.execute(select(m.Rollout.rollout_id, m.Rollout.outcome_facts).where(m.Rollout.group_pk == group_pk)).all()
     return {
-        rollout_id: breakdown_of(
-            ReportFacts.from_json(doc or {"has_report": False}), rubrics, judged.get(rollout_id, {}), params
-        )
+        rollout_id: breakdown_of(stored_facts(doc), rubrics, judged.get(rollout_id, {}), params)
         for rollout_id, doc in facts
     }
 

@@ -48,7 +48,7 @@ class Claimed:
     resumed: bool = False
     #: An outcome unit's calls (``kind\x1fkey``) that may have an identical twin in the group.
     twin_calls: frozenset[str] = frozenset()
-    #: An outcome unit's report facts, stored at ingest (None: read the rollout's report).
+    #: An outcome unit's report facts as ingest stored them (None for the other kinds).
     facts: ReportFacts | None = None
 
 
