@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from bench.judge_sim import FACT, Simulator, app, snippet_answer, visit_answer
 from bench.paths import naive_calls
+from bench.repeat import BASELINE_ATTEMPTS, timed_baseline
 from bench.workload import TURN_LIMIT, make_group, make_step
 
 from drcredit.domain.credit import plan_rollout
@@ -226,3 +227,39 @@ def test_judged_outcome_workload_and_simulated_outcome_answers() -> None:
         pages = {p.id: p for t in group.rollouts[0].turns for p in getattr(t, "usable_pages", [])}
         evidence = [{"url": pages[p].url, "evidence": pages[p].evidence} for p in claim.pages]
         assert validate_score(citation_answer({"claim": claim.claim, "cited_pages": evidence}), 2).score == 2
+
+
+def test_a_failed_baseline_scoring_is_recorded_and_the_step_scored_again() -> None:
+    """The comparator's failure is kept with the run, and the ratio is taken from a
+    complete scoring: the judge refuses every request between the first and second
+    reset (the first attempt, after its client's own retries) and answers after."""
+    sim = Simulator(latency=0.0, sigma=0.0, concurrency=0, error_rate=0.0, seed=1)
+    inner = app(sim)
+    resets = 0
+
+    async def flaky(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal resets
+        if scope["type"] == "http" and scope["path"] == "/reset":
+            resets += 1
+        elif scope["type"] == "http" and scope["path"] == "/v1/chat/completions" and resets == 1:
+            await send({"type": "http.response.start", "status": 503, "headers": []})
+            await send({"type": "http.response.body", "body": b'{"error": {"message": "down"}}'})
+            return
+        await inner(scope, receive, send)
+
+    step = [make_group(3, "flaky", rollouts=2)]
+    with serving(flaky, lifespan="off") as url:
+        seconds, errors = timed_baseline(url, step, concurrency=16)
+    assert resets == 2
+    assert len(errors) == 1 and errors[0].startswith("InternalServerError")
+    assert seconds is not None and seconds > 0
+    assert sim.stats["requests"] > 0  # the second attempt was answered by the simulator
+
+
+def test_a_baseline_that_never_completes_gives_no_time() -> None:
+    sim = Simulator(latency=0.0, sigma=0.0, concurrency=0, error_rate=1.0, seed=1)
+    step = [make_group(3, "down", rollouts=2)]
+    with serving(app(sim), lifespan="off") as url:
+        seconds, errors = timed_baseline(url, step, concurrency=16)
+    assert seconds is None
+    assert len(errors) == BASELINE_ATTEMPTS
