@@ -13,7 +13,8 @@ import asyncio
 import json
 from typing import Any
 
-from openai import AsyncOpenAI
+import httpx2
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from drcredit.domain.advantages import GroupAdvantages, group_advantages
 from drcredit.domain.credit import Judgments, group_credits, plan_rollout, snippet_decision, visit_credit
@@ -82,7 +83,19 @@ async def score_group(client: AsyncOpenAI, model: str, group: GroupIn, limit: as
 async def score_step(
     base_url: str, model: str, groups: list[dict[str, Any]], concurrency: int
 ) -> list[GroupAdvantages]:
-    client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=3, timeout=600)
+    # The client's default pool keeps 100 idle connections of at most 1,000 for up to 5 s,
+    # the judge server's own keep-alive: under 4,096 calls in flight it closed and
+    # reopened connections all step, and reused some just as the server dropped them
+    # (``ReadError`` four times running for one request). Sized to the concurrency and
+    # expiring before the server does, as the platform's judge client is.
+    limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=4.0)
+    client = AsyncOpenAI(
+        base_url=base_url,
+        api_key="EMPTY",
+        max_retries=3,
+        timeout=600,
+        http_client=DefaultAsyncHttpxClient(limits=limits),
+    )
     limit = asyncio.Semaphore(concurrency)
     try:
         parsed = [GroupIn.model_validate(g) for g in groups]
