@@ -98,16 +98,17 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
     ).fetchall()
     chains: dict[tuple[str, str], list[tuple[float, float]]] = {}
     snippets: list[tuple[float, float]] = []
+    outcomes: list[tuple[float, float]] = []  # rubric and citation calls
     for kind, rollout_id, rubric_id, _, stored, latency in rows:
         entry = (float(stored) - posted_at, float(latency))
         if kind == "visit":
             chains.setdefault((rollout_id, rubric_id), []).append(entry)
         else:
-            snippets.append(entry)
+            (snippets if kind == "snippet" else outcomes).append(entry)
     longest = max(chains.values(), key=lambda c: c[-1][0]) if chains else []
     waits = [longest[i][0] - longest[i][1] - longest[i - 1][0] for i in range(1, len(longest))]
     last_stored = max((e[0] for c in chains.values() for e in c), default=0.0)
-    last_stored = max([last_stored, *(e[0] for e in snippets)])
+    last_stored = max([last_stored, *(e[0] for e in snippets + outcomes)])
     return {
         "group_id": group_id,
         "stored_s": float(created) - posted_at if created is not None else None,
@@ -119,6 +120,7 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
             "max_wait_s": round(max(waits, default=0.0), 3),
         },
         "last_snippet_call": max(((e[0] - e[1], e[0]) for e in snippets), default=None),
+        "last_outcome_call": max(((e[0] - e[1], e[0]) for e in outcomes), default=None),
         "last_judgment_stored_s": last_stored,
         "aggregated_s": float(finished) - posted_at if finished is not None else None,
     }
