@@ -155,7 +155,7 @@ def reference_ms() -> float:
 
 #: Attempts at the in-trainer baseline per run: it is the comparator, not the platform, and
 #: under its own 4,096 calls in flight its client has failed a request four times running
-#: (``httpx.ReadError`` while reading the answer's headers, after its three retries) in
+#: (``httpx2.ReadError`` while reading the answer's headers, after its three retries) in
 #: some runs of a ten-run set. A failed attempt is recorded with the run and the step is
 #: scored again from the start, so every ratio compares two complete scorings.
 BASELINE_ATTEMPTS = 3
@@ -237,9 +237,14 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
                     )
         finally:
             stack.stop()
-    results["repeat"] = {
+    results["repeat"] = repeat_summary(runs, args.plain_workers, outcome, cold)
+
+
+def repeat_summary(runs: list[dict[str, Any]], plain_workers: int, outcome: bool, cold: bool) -> dict[str, Any]:
+    """The set's distributions; the baseline's over the runs where it completed."""
+    rep: dict[str, Any] = {
         "runs": runs,
-        "plain_workers": args.plain_workers,
+        "plain_workers": plain_workers,
         "outcome_judged": outcome,
         "cold": cold,
         "ratio_to_bound": summary([r["ratio_to_bound"] for r in runs]),
@@ -247,10 +252,13 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
         "reference_ms": summary([r["reference_ms"] for r in runs]),
     }
     measured = [r["ratio_to_baseline"] for r in runs if "ratio_to_baseline" in r]
+    failures = sum(len(r.get("baseline_errors", ())) for r in runs)
+    if measured or failures:
+        rep["baseline_runs"] = len(measured)
+        rep["baseline_failures"] = failures
     if measured:
-        results["repeat"]["ratio_to_baseline"] = summary(measured)
-        results["repeat"]["baseline_runs"] = len(measured)
-        results["repeat"]["baseline_failures"] = sum(len(r.get("baseline_errors", ())) for r in runs)
+        rep["ratio_to_baseline"] = summary(measured)
+    return rep
 
 
 def table(rep: dict[str, Any]) -> str:
@@ -264,11 +272,11 @@ def table(rep: dict[str, Any]) -> str:
     ]
     if "ratio_to_baseline" in rep:
         lines.append(line("wall / in-trainer baseline", rep["ratio_to_baseline"]))
-        if rep.get("baseline_failures") or rep.get("baseline_runs", len(rep["runs"])) < len(rep["runs"]):
-            lines.append(
-                f"  (baseline complete in {rep['baseline_runs']} of {len(rep['runs'])} runs;"
-                f" {rep['baseline_failures']} failed attempts scored again)"
-            )
+    if rep.get("baseline_failures"):
+        lines.append(
+            f"  (baseline complete in {rep['baseline_runs']} of {len(rep['runs'])} runs;"
+            f" {rep['baseline_failures']} attempts failed)"
+        )
     lines.append(line("client after last group", rep["client_after_last_done_ms"], " ms"))
     if "reference_ms" in rep:
         lines.append(line("machine reference (CPU)", rep["reference_ms"], " ms"))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from bench.judge_sim import FACT, Simulator, app, snippet_answer, visit_answer
 from bench.paths import naive_calls
-from bench.repeat import BASELINE_ATTEMPTS, timed_baseline
+from bench.repeat import BASELINE_ATTEMPTS, repeat_summary, table, timed_baseline
 from bench.workload import TURN_LIMIT, make_group, make_step
 
 from drcredit.domain.credit import plan_rollout
@@ -263,3 +263,24 @@ def test_a_baseline_that_never_completes_gives_no_time() -> None:
         seconds, errors = timed_baseline(url, step, concurrency=16)
     assert seconds is None
     assert len(errors) == BASELINE_ATTEMPTS
+
+
+def test_the_repeat_summary_takes_the_baseline_over_the_runs_where_it_completed() -> None:
+    def run(ratio: float, baseline: float | None, errors: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"ratio_to_bound": ratio, "client_after_last_done_s": 0.01, "reference_ms": 60.0}
+        if baseline is not None:
+            out["ratio_to_baseline"] = baseline
+        if errors:
+            out["baseline_errors"] = ["APIConnectionError (ReadError) after 60.0 s"] * errors
+        return out
+
+    rep = repeat_summary([run(1.1, 0.2, 0), run(1.2, None, 3), run(1.3, 0.4, 1)], 2, False, False)
+    assert rep["ratio_to_bound"]["max"] == 1.3
+    assert rep["ratio_to_baseline"]["median"] == pytest.approx(0.3)  # of 0.2 and 0.4 only
+    assert rep["ratio_to_baseline"]["max"] == 0.4
+    assert (rep["baseline_runs"], rep["baseline_failures"]) == (2, 4)
+    assert "baseline complete in 2 of 3 runs; 4 attempts failed" in table(rep)
+    clean = repeat_summary([run(1.1, 0.2, 0)], 2, False, False)
+    assert clean["baseline_failures"] == 0 and "attempts failed" not in table(clean)
+    alone = repeat_summary([run(1.1, None, 0)], 2, False, False)
+    assert "ratio_to_baseline" not in alone and "baseline_runs" not in alone
