@@ -219,12 +219,11 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
                     versus = ""
                     if not outcome and not getattr(args, "no_baseline", False):
                         baseline, errors = timed_baseline(judge, step, args.baseline_concurrency)
-                        if errors:
-                            run["baseline_errors"] = errors
                         if baseline is not None:
                             run.update(baseline_s=baseline, ratio_to_baseline=run["wall_s"] / baseline)
                             versus = f", {run['ratio_to_baseline']:.2f}x baseline ({baseline:.2f} s)"
                         if errors:
+                            run["baseline_errors"] = errors
                             versus += f" (baseline failed {len(errors)}x: {errors[-1]})"
                     runs.append(run)
                     print(
