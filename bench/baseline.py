@@ -21,6 +21,7 @@ from drcredit.domain.credit import Judgments, group_credits, plan_rollout, snipp
 from drcredit.domain.group import GroupIn, VisitTurn
 from drcredit.domain.verdicts import accept_snippet_matches, validate_visit_answer
 from drcredit.judges.base import SnippetJudgeRequest, VisitJudgeRequest, parse_json_answer
+from drcredit.judges.openai_judge import DEFAULT_KEEPALIVE_S
 from drcredit.judges.prompts import snippet_prompt, visit_prompt
 
 
@@ -87,8 +88,10 @@ async def score_step(
     # the judge server's own keep-alive: under 4,096 calls in flight it closed and
     # reopened connections all step, and reused some just as the server dropped them
     # (``ReadError`` four times running for one request). Sized to the concurrency and
-    # expiring before the server does, as the platform's judge client is.
-    limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=4.0)
+    # expiring before the server does, at the platform judge client's keep-alive.
+    limits = httpx2.Limits(
+        max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=DEFAULT_KEEPALIVE_S
+    )
     client = AsyncOpenAI(
         base_url=base_url,
         api_key="EMPTY",
