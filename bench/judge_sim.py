@@ -7,6 +7,11 @@ in the prior support earns nothing, so the simulated judge is history-aware like
 real one. Latency is fixed or lognormal, concurrency can be capped, a share of requests
 can fail with 500; requests and tokens are counted and served at ``/stats``.
 
+The judges users run are simulated too (``bench.run --judge``): a small server with a
+short listen queue and no keep-alive (``--backlog 5 --no-keepalive``), a hosted API
+under a request quota (``--rate 150``: a token bucket; 429 with ``retry-after`` past
+it, and with ``--rate-headers`` OpenAI's ``x-ratelimit-*`` headers on every answer).
+
     python -m bench.judge_sim --port 9100 --latency 1.0 [--lognormal-sigma 0.5]
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import math
 import random
 import re
 import time
@@ -94,11 +100,49 @@ def kind_of(doc: dict[str, Any]) -> str:
     return "citation" if "claim" in doc else "snippet"
 
 
+class Quota:
+    """A token bucket of ``rate`` requests a second holding up to ``burst``."""
+
+    def __init__(self, rate: float, burst: float, headers: bool):
+        self.rate, self.burst, self.headers = rate, burst, headers
+        self.tokens, self.at = burst, time.monotonic()
+
+    def take(self) -> tuple[bool, list[tuple[bytes, bytes]]]:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        allowed = self.tokens >= 1
+        if allowed:
+            self.tokens -= 1
+        out: list[tuple[bytes, bytes]] = []
+        if self.headers:
+            out += [
+                (b"x-ratelimit-limit-requests", str(int(self.rate * 60)).encode()),
+                (b"x-ratelimit-remaining-requests", str(int(self.tokens)).encode()),
+                (b"x-ratelimit-reset-requests", f"{(self.burst - self.tokens) / self.rate:.3f}s".encode()),
+            ]
+        if not allowed:
+            wait = (1 - self.tokens) / self.rate
+            out += [(b"retry-after", str(max(1, math.ceil(wait))).encode())]
+            if self.headers:
+                out += [(b"retry-after-ms", str(max(1, round(wait * 1000))).encode())]
+        return allowed, out
+
+
 class Simulator:
-    def __init__(self, latency: float, sigma: float, concurrency: int, error_rate: float, seed: int):
+    def __init__(
+        self,
+        latency: float,
+        sigma: float,
+        concurrency: int,
+        error_rate: float,
+        seed: int,
+        quota: Quota | None = None,
+    ):
         self.latency, self.sigma, self.error_rate = latency, sigma, error_rate
         self.rng = random.Random(seed)
         self.slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
+        self.quota = quota
         self.stats = {
             "requests": 0,
             "visit": 0,
@@ -110,6 +154,7 @@ class Simulator:
             "completion_tokens": 0,
             "in_flight": 0,
             "peak_in_flight": 0,
+            "rate_limited": 0,
             "started": time.time(),
         }
 
@@ -121,16 +166,22 @@ class Simulator:
             return self.latency * self.rng.lognormvariate(0.0, self.sigma)
         return self.latency
 
-    async def completion(self, raw: bytes) -> tuple[int, bytes]:
+    async def completion(self, raw: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        quota: list[tuple[bytes, bytes]] = []
+        if self.quota is not None:
+            allowed, quota = self.quota.take()
+            if not allowed:
+                self.stats["rate_limited"] += 1
+                return 429, b'{"error": {"message": "rate limit reached", "type": "requests"}}', quota
         body = orjson.loads(raw)
-        user = body["messages"][-1]["content"]
+        user = next(m["content"] for m in body["messages"] if m["role"] == "user")
         doc = orjson.loads(user)
         kind = kind_of(doc)
         self.stats["requests"] += 1
         self.stats[kind] += 1
         if self.error_rate and self.rng.random() < self.error_rate:
             self.stats["errors"] += 1
-            return 500, orjson.dumps({"error": {"message": "simulated failure"}})
+            return 500, orjson.dumps({"error": {"message": "simulated failure"}}), quota
         if self.slots is not None:
             await self.slots.acquire()
         self.stats["in_flight"] += 1
@@ -144,23 +195,29 @@ class Simulator:
             if self.slots is not None:
                 self.slots.release()
         answer = orjson.dumps(ANSWERS[kind](doc)).decode()
-        prompt_tokens = (len(body["messages"][0]["content"]) + len(user)) // 4
+        prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
         completion_tokens = len(answer) // 4
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens
-        return 200, orjson.dumps(
-            {
-                "id": f"sim-{self.stats['requests']}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model", "sim"),
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
-            }
+        return (
+            200,
+            orjson.dumps(
+                {
+                    "id": f"sim-{self.stats['requests']}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", "sim"),
+                    "choices": [
+                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                }
+            ),
+            quota,
         )
 
     def reset(self) -> None:
@@ -174,13 +231,16 @@ class Simulator:
             "prompt_tokens",
             "completion_tokens",
             "peak_in_flight",
+            "rate_limited",
         ):
             self.stats[key] = 0
 
 
-def app(sim: Simulator) -> Any:
+def app(sim: Simulator, keepalive: bool = True) -> Any:
     """A bare ASGI app: the simulator's own CPU competes with the platform for this
-    machine's two cores, so it skips a framework's request and response objects."""
+    machine's two cores, so it skips a framework's request and response objects.
+    Without ``keepalive`` every answer closes its connection (``Connection: close``)."""
+    closing = [] if keepalive else [(b"connection", b"close")]
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -192,8 +252,9 @@ def app(sim: Simulator) -> Any:
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
+        extra: list[tuple[bytes, bytes]] = []
         if path == "/v1/chat/completions" and method == "POST":
-            status, payload = await sim.completion(b"".join(chunks))
+            status, payload, extra = await sim.completion(b"".join(chunks))
         elif path == "/stats":
             status, payload = 200, orjson.dumps(sim.stats)
         elif path == "/reset" and method == "POST":
@@ -205,7 +266,12 @@ def app(sim: Simulator) -> Any:
             {
                 "type": "http.response.start",
                 "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload)).encode()),
+                    *extra,
+                    *closing,
+                ],
             }
         )
         await send({"type": "http.response.body", "body": payload})
@@ -221,16 +287,24 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=0, help="requests served at once (0: unlimited)")
     parser.add_argument("--error-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--backlog", type=int, default=4096, help="the listen queue (a small server: 5)")
+    parser.add_argument("--no-keepalive", action="store_true", help="close every connection after its answer")
+    parser.add_argument("--rate", type=float, default=0.0, help="requests a second allowed (0: no quota)")
+    parser.add_argument("--burst", type=float, default=0.0, help="the quota's bucket (default: one second of it)")
+    parser.add_argument("--rate-headers", action="store_true", help="answers carry x-ratelimit-* headers")
     args = parser.parse_args()
-    sim = Simulator(args.latency, args.lognormal_sigma, args.concurrency, args.error_rate, args.seed)
+    quota = Quota(args.rate, args.burst or args.rate, args.rate_headers) if args.rate > 0 else None
+    sim = Simulator(args.latency, args.lognormal_sigma, args.concurrency, args.error_rate, args.seed, quota)
     uvicorn.run(
-        app(sim),
+        app(sim, keepalive=not args.no_keepalive),
         host="127.0.0.1",
         port=args.port,
         log_level="warning",
-        backlog=4096,
+        backlog=args.backlog,
         limit_concurrency=None,
         access_log=False,
+        # HTTP/1.0-style service: h11 honours Connection: close from the app.
+        http="h11" if args.no_keepalive else "auto",
     )
 
 

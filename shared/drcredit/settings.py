@@ -21,11 +21,22 @@ class Settings(BaseSettings):
 
     # Judge -----------------------------------------------------------------
     judge: Literal["offline", "openai"] = "offline"
+    #: One endpoint, a comma-separated list of endpoints serving the same model, or a
+    #: JSON list of objects with per-endpoint keys, weights and caps
+    #: (:mod:`drcredit.judges.fleet.endpoints`).
     judge_base_url: str | None = None
     #: Required for ``openai`` (the served model's name); the offline backend names itself.
     judge_model: str | None = None
     judge_api_key: str | None = None
+    #: How long an answer may take once the call is sent (calls wait for a free place
+    #: in the platform, not in the judge's queue).
     judge_timeout_s: float = Field(120.0, gt=0)
+    #: How long opening a connection may take, apart from the answer.
+    judge_connect_timeout_s: float = Field(5.0, gt=0)
+    #: Requests and tokens per minute across every process of the deployment (a hosted
+    #: judge's quota); unset: only what the endpoints report in their headers.
+    judge_rpm: float | None = Field(None, gt=0)
+    judge_tpm: float | None = Field(None, gt=0)
     judge_max_tokens: int = Field(1024, gt=0)
     judge_temperature: float = 0.0
     judge_response_format: Literal["auto", "json_schema", "json_object", "none"] = "auto"
@@ -36,10 +47,9 @@ class Settings(BaseSettings):
     #: How long work waits for a judge that cannot be reached (connection errors,
     #: timeouts, 5xx or 429 outlasting a judgment's retries) before its group fails.
     judge_outage_deadline_s: float = Field(600.0, gt=0)
-    #: Judge calls in flight at once in one process (the API in embedded mode, a worker):
-    #: enough that a step's chains never wait for a slot of their own process. With a
-    #: judge that has a capacity limit, set it to that capacity divided by the processes
-    #: sharing the judge (README, "Configuration").
+    #: The most judge calls in flight at once in one process (the API in embedded mode,
+    #: a worker); below it the platform learns what each endpoint serves
+    #: (:mod:`drcredit.judges.fleet.limits`), shared by every process of a deployment.
     judge_concurrency: int = Field(1024, ge=1, le=8192)
     #: How long an idle connection to the judge is kept for reuse. Shorter than the
     #: judge server's own keep-alive timeout (5 s for uvicorn-based servers such as

@@ -221,7 +221,7 @@ def test_server_without_structured_output_falls_back_to_plain_json() -> None:
         second = judge.judge_visit(visit_request())
     assert first.status == second.status == "ok"
     assert "response_format" not in server.calls[-1].request
-    assert judge.response_format == "none"
+    assert judge.response_format_of(server.url) == "none"
 
 
 def test_snippet_matches_are_validated() -> None:
@@ -247,25 +247,31 @@ def test_openai_backend_needs_a_model_name() -> None:
     assert build_judge(Settings(judge="offline")).model == "offline-lexical-v1"
 
 
-def test_hundreds_of_calls_are_in_flight_at_once() -> None:
-    """The client itself must not cap what a worker keeps in flight (aiohttp's own default
-    pool of 100 connections once capped a worker at 100 calls)."""
+def test_calls_in_flight_double_with_each_round_of_answers_until_hundreds_are_in_flight() -> None:
+    """Slow start over real HTTP: 32 calls at first, then one more per answer that comes
+    back at normal latency, so each round of answers doubles what is in flight; the
+    client itself caps nothing (aiohttp's default pool once capped a worker at 100)."""
     import asyncio
 
     def slow(call: Call) -> Reply:
         return Reply.json(GOOD, delay=1.0)
 
-    with judge_for(slow) as (judge, server):
+    with judge_for(slow, timeout=30) as (judge, server):
 
         async def many() -> list[str]:
-            results = await asyncio.gather(*(judge.ajudge_visit(visit_request()) for _ in range(300)))
+            results = await asyncio.gather(*(judge.ajudge_visit(visit_request()) for _ in range(600)))
             await judge.aclose()
             return [r.status for r in results]
 
         statuses = asyncio.run(many())
-        assert statuses == ["ok"] * 300
-        # Every call is held 1 s by the server: a cap would show as a peak at the cap.
-        assert server.peak_in_flight >= 250, server.peak_in_flight
+    assert statuses == ["ok"] * 600
+    start = server.calls[0].received_at
+    arrivals = sorted(c.received_at - start for c in server.calls)
+    # Nothing is answered before 1 s: the first round is the initial 32 calls alone, and
+    # the first two rounds together at most 32 + 64 (each answer admits two calls).
+    assert sum(1 for t in arrivals if t < 0.9) == 32
+    assert sum(1 for t in arrivals if t < 1.9) <= 96
+    assert server.peak_in_flight >= 250, server.peak_in_flight
 
 
 @pytest.mark.parametrize(("keepalive_s", "connections"), [(0.3, 2), (5.0, 1)])

@@ -7,14 +7,17 @@ server records every request, so tests can count calls and inspect what was sent
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import math
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -53,6 +56,39 @@ Script = Callable[[Call], Reply]
 
 
 @dataclass
+class RateLimit:
+    """A hosted judge's quota: a token bucket of ``per_s`` requests a second holding up
+    to ``burst``; past it a 429 with ``retry-after`` (and ``retry-after-ms``). With
+    ``headers`` every answer carries OpenAI's ``x-ratelimit-*-requests`` headers."""
+
+    per_s: float
+    burst: float
+    headers: bool = True
+    tokens: float = 0.0
+    at: float = 0.0
+
+    def take(self) -> tuple[bool, dict[str, str]]:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.per_s) if self.at else self.burst
+        self.at = now
+        allowed = self.tokens >= 1
+        if allowed:
+            self.tokens -= 1
+        headers: dict[str, str] = {}
+        if self.headers:
+            headers = {
+                "x-ratelimit-limit-requests": str(int(self.per_s * 60)),
+                "x-ratelimit-remaining-requests": str(int(self.tokens)),
+                "x-ratelimit-reset-requests": f"{(self.burst - self.tokens) / self.per_s:.3f}s",
+            }
+        if not allowed:
+            wait = (1 - self.tokens) / self.per_s
+            headers["retry-after-ms"] = str(max(1, round(wait * 1000)))
+            headers["retry-after"] = str(max(1, math.ceil(wait)))
+        return allowed, headers
+
+
+@dataclass
 class JudgeServer:
     script: Script
     calls: list[Call] = field(default_factory=list)
@@ -61,6 +97,13 @@ class JudgeServer:
     in_flight: int = 0
     peak_in_flight: int = 0
     live: LiveServer | None = None
+    #: A request quota (429 beyond it), and how many requests it turned away.
+    rate: RateLimit | None = None
+    rate_limited: int = 0
+    #: Answer with ``Connection: close`` (a server without keep-alive).
+    close_connections: bool = False
+    #: Append each served call to this file as a JSON line (a server in another process).
+    calls_log: Path | None = None
 
     def down(self) -> None:
         """Stop serving: every connection is refused until :meth:`up`."""
@@ -92,18 +135,35 @@ def _kind(document: dict[str, Any]) -> str:
 def _app(server: JudgeServer) -> Starlette:
     lock = threading.Lock()
 
+    extra = {"connection": "close"} if server.close_connections else {}
+
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
+        quota: dict[str, str] = {}
+        if server.rate is not None:
+            allowed, quota = server.rate.take()
+            if not allowed:
+                server.rate_limited += 1
+                return JSONResponse(
+                    {"error": {"message": "rate limit reached", "type": "requests"}},
+                    status_code=429,
+                    headers={**quota, **extra},
+                )
         if server.reject_response_format and "response_format" in body:
             return JSONResponse(
                 {"error": {"message": "response_format is not supported", "type": "invalid_request_error"}},
                 status_code=400,
             )
-        document = json.loads(body["messages"][-1]["content"])
+        # The prompt's document is its first user message; a retry after a rejected
+        # answer adds that answer and a note after it.
+        document = json.loads(next(m["content"] for m in body["messages"] if m["role"] == "user"))
         with lock:
             port = request.client.port if request.client else 0
             call = Call(len(server.calls) + 1, _kind(document), document, body, time.monotonic(), port)
             server.calls.append(call)
+            if server.calls_log is not None:
+                with server.calls_log.open("a") as log:
+                    log.write(json.dumps({"key": call_key(call), "at": time.time()}) + "\n")
         reply = server.script(call)
         server.in_flight += 1
         server.peak_in_flight = max(server.peak_in_flight, server.in_flight)
@@ -113,8 +173,13 @@ def _app(server: JudgeServer) -> Starlette:
         finally:
             server.in_flight -= 1
         if reply.status != 200:
-            return JSONResponse({"error": {"message": reply.error, "type": "server_error"}}, status_code=reply.status)
+            return JSONResponse(
+                {"error": {"message": reply.error, "type": "server_error"}},
+                status_code=reply.status,
+                headers={**quota, **extra},
+            )
         content = reply.content or ""
+        prompt_chars = sum(len(m["content"]) for m in body["messages"])
         return JSONResponse(
             {
                 "id": f"chatcmpl-{call.number}",
@@ -129,22 +194,42 @@ def _app(server: JudgeServer) -> Starlette:
                     }
                 ],
                 "usage": {
-                    "prompt_tokens": len(body["messages"][-1]["content"]) // 4,
+                    "prompt_tokens": prompt_chars // 4,
                     "completion_tokens": len(content) // 4,
-                    "total_tokens": len(body["messages"][-1]["content"]) // 4 + len(content) // 4,
+                    "total_tokens": prompt_chars // 4 + len(content) // 4,
                 },
-            }
+            },
+            headers={**quota, **extra},
         )
 
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
 
 
+def call_key(call: Call) -> str:
+    """What identifies a request: its kind and the document the judge was given."""
+    return call.kind + json.dumps(call.document, sort_keys=True)
+
+
 @contextmanager
-def running_judge(script: Script, *, reject_response_format: bool = False) -> Iterator[JudgeServer]:
+def running_judge(
+    script: Script,
+    *,
+    reject_response_format: bool = False,
+    rate: RateLimit | None = None,
+    close_connections: bool = False,
+    backlog: int = 2048,
+) -> Iterator[JudgeServer]:
     """A judge server for the block; ``server.down()`` and ``server.up()`` stop it (connections
-    refused) and start it again on the same port."""
-    server = JudgeServer(script, port=free_port(), reject_response_format=reject_response_format)
-    live = LiveServer(_app(server), lifespan="off", port=server.port)
+    refused) and start it again on the same port. ``backlog``: the listen queue (a small
+    server accepts few connections at once)."""
+    server = JudgeServer(
+        script,
+        port=free_port(),
+        reject_response_format=reject_response_format,
+        rate=rate,
+        close_connections=close_connections,
+    )
+    live = LiveServer(_app(server), lifespan="off", port=server.port, backlog=backlog)
     server.live = live
     live.start()
     try:
@@ -208,3 +293,80 @@ def marker_answer(call: Call) -> dict[str, Any]:
 
 def marker_script(call: Call) -> Reply:
     return Reply.json(marker_answer(call))
+
+
+# ----------------------------------------------------------------------------- in a process of its own
+
+
+@dataclass
+class JudgeProcess:
+    """The marker judge in a subprocess (see :func:`serve_marker_judge`)."""
+
+    port: int
+    calls_log: Path
+    process: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def calls(self) -> list[str]:
+        """The request keys (:func:`call_key`) it served, in order."""
+        if not self.calls_log.exists():
+            return []
+        return [json.loads(line)["key"] for line in self.calls_log.read_text().splitlines() if line.strip()]
+
+    def kill(self) -> None:
+        """SIGKILL: its calls in flight are cut off, its port refuses connections."""
+        self.process.kill()
+        self.process.wait(10)
+
+
+@contextmanager
+def judge_process(workdir: Path, delay: float = 0.0) -> Iterator[JudgeProcess]:
+    import subprocess
+    import sys
+
+    import httpx
+
+    port = free_port()
+    judge = JudgeProcess(port, workdir / f"judge-{port}.calls.jsonl")
+    argv = [sys.executable, "-m", "tests.support.judge_server", "--port", str(port), "--delay", str(delay)]
+    judge.process = subprocess.Popen([*argv, "--calls-log", str(judge.calls_log)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or judge.process.poll() is not None:
+                    raise RuntimeError("the judge process did not start") from None
+                time.sleep(0.1)
+        yield judge
+    finally:
+        if judge.process.poll() is None:
+            judge.kill()
+
+
+def serve_marker_judge() -> None:
+    """``python -m tests.support.judge_server --port P --delay D --calls-log F``: the marker
+    judge in a process of its own, so that a test can kill it (SIGKILL) mid-batch; every
+    call it served is a line of ``--calls-log``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--calls-log", type=Path, required=True)
+    args = parser.parse_args()
+
+    def script(call: Call) -> Reply:
+        return Reply.json(marker_answer(call), delay=args.delay)
+
+    server = JudgeServer(script, port=args.port, calls_log=args.calls_log)
+    import uvicorn
+
+    uvicorn.run(_app(server), host="127.0.0.1", port=args.port, log_level="warning", lifespan="off")
+
+
+if __name__ == "__main__":
+    serve_marker_judge()

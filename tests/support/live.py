@@ -22,8 +22,10 @@ class LiveServer:
     """An ASGI app served by uvicorn in a thread, which can be stopped and started again
     on the same port (a judge or an API that goes away and comes back)."""
 
-    def __init__(self, app: Any, *, lifespan: Literal["on", "off"] = "on", port: int | None = None):
-        self.app, self.lifespan, self.port = app, lifespan, port or free_port()
+    def __init__(
+        self, app: Any, *, lifespan: Literal["on", "off"] = "on", port: int | None = None, backlog: int = 2048
+    ):
+        self.app, self.lifespan, self.port, self.backlog = app, lifespan, port or free_port(), backlog
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -32,7 +34,14 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=self.lifespan)
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan=self.lifespan,
+            backlog=self.backlog,
+        )
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()

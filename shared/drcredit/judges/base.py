@@ -40,6 +40,9 @@ from drcredit.domain.verdicts import (
     validate_visit_answer,
 )
 from drcredit.judges import outcome_prompts, prompts
+from drcredit.judges.attempts import Attempt as Attempt
+from drcredit.judges.attempts import AttemptPlan as AttemptPlan
+from drcredit.judges.attempts import Rejected, next_plan
 from drcredit.judges.breaker import UNREACHABLE_OUTCOMES, CircuitBreaker
 
 # Re-exported: the request types are part of the judge's interface.
@@ -73,6 +76,33 @@ class Completion:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
+    cached_tokens: int = 0
+    #: The endpoint that answered and the model it said it ran.
+    endpoint: str | None = None
+    model: str | None = None
+    #: The completion limit the request carried, and the endpoint's context window.
+    max_tokens: int | None = None
+    context_tokens: int | None = None
+
+    @property
+    def context_ran_out(self) -> bool:
+        """Cut off because prompt and answer filled the endpoint's context window."""
+        return bool(
+            self.finish_reason == "length"
+            and self.context_tokens
+            and self.prompt_tokens + self.completion_tokens >= self.context_tokens - 1
+        )
+
+    def cut_off(self) -> str | None:
+        """Why the answer ended early, if it did: the context ran out, or ``max_tokens``."""
+        if self.finish_reason != "length":
+            return None
+        if self.context_ran_out:
+            return (
+                f"cut off: the context window ({self.context_tokens} tokens) ran out after"
+                f" {self.completion_tokens} answer tokens on a {self.prompt_tokens}-token prompt"
+            )
+        return f"cut off at the max_tokens limit ({self.max_tokens or self.completion_tokens} tokens)"
 
 
 class RetryableError(Exception):
@@ -84,21 +114,16 @@ class RetryableError(Exception):
 
 
 class FatalJudgeError(Exception):
-    """An attempt failed in a way retrying cannot fix (bad credentials, unknown model)."""
+    """An attempt failed in a way retrying cannot fix (bad credentials, unknown model, a
+    prompt longer than the context): the judgment fails at once with ``outcome``."""
+
+    def __init__(self, message: str, outcome: str = "fatal"):
+        super().__init__(message)
+        self.outcome = outcome
 
 
 class _JudgeDown(Exception):
     """The breaker opened while a round was under way: stop it without spending attempts."""
-
-
-@dataclass
-class Attempt:
-    number: int
-    outcome: str  # ok | invalid | timeout | connection | rate_limited | server_error | fatal
-    latency_s: float
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None
 
 
 @dataclass
@@ -126,6 +151,19 @@ class JudgeResult(Generic[V]):
     def completion_tokens(self) -> int:
         return sum(a.completion_tokens for a in self.attempts)
 
+    @property
+    def cached_tokens(self) -> int:
+        return sum(a.cached_tokens for a in self.attempts)
+
+    @property
+    def answered_by(self) -> tuple[str | None, str | None]:
+        """(endpoint, model) of the attempt that gave the judgment's answer (or the last)."""
+        for a in reversed(self.attempts):
+            if a.outcome == "ok":
+                return a.endpoint, a.model
+        last = self.attempts[-1] if self.attempts else None
+        return (last.endpoint, last.model) if last else (None, None)
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -139,9 +177,16 @@ class Judge(ABC):
 
     backend: str = "abstract"
 
-    def __init__(self, model: str, retry: RetryPolicy | None = None, outage_deadline_s: float = 600.0):
+    def __init__(
+        self,
+        model: str,
+        retry: RetryPolicy | None = None,
+        outage_deadline_s: float = 600.0,
+        temperature: float = 0.0,
+    ):
         self.model = model
         self.retry = retry or RetryPolicy()
+        self.temperature = temperature
         self.breaker = CircuitBreaker(self.endpoint, deadline_s=outage_deadline_s)
 
     @property
@@ -150,8 +195,10 @@ class Judge(ABC):
         return self.backend
 
     @abstractmethod
-    async def acomplete(self, prompt: Prompt) -> Completion:
-        """Send one prompt once; raise :class:`RetryableError` or :class:`FatalJudgeError`."""
+    async def acomplete(self, prompt: Prompt, plan: AttemptPlan) -> Completion:
+        """Make one attempt at ``prompt`` as ``plan`` says; raise :class:`RetryableError`
+        or :class:`FatalJudgeError`. Exchanges that did not end the attempt (a call moved
+        to another endpoint, a 429 waited out) go into ``plan.tries``."""
 
     async def aclose(self) -> None:  # noqa: B027 - a concrete default, not an abstract hook
         """Release the connections held for the running event loop; the default holds none."""
@@ -248,39 +295,49 @@ class Judge(ABC):
         """One round of attempts with retries and backoff, recorded into ``result``."""
         attempts = 1 if probe else self.retry.max_attempts
         first = len(result.attempts)
+        rejected: Rejected | None = None
 
         async def one_attempt() -> tuple[Any, V]:
+            nonlocal rejected
             if not probe and self.breaker.is_open:
                 raise _JudgeDown()  # another judgment found the judge gone: wait, do not spend
-            number = len(result.attempts) + 1
+            plan = next_plan(self.temperature, rejected, probe=probe)
             started = time.perf_counter()
             try:
-                completion = await self.acomplete(prompt)
+                completion = await self.acomplete(prompt, plan)
             except RetryableError as exc:
-                result.attempts.append(Attempt(number, exc.outcome, time.perf_counter() - started, error=str(exc)))
+                self._record(result, plan, Attempt(0, exc.outcome, time.perf_counter() - started, error=str(exc)))
                 if exc.outcome not in UNREACHABLE_OUTCOMES:
                     self.breaker.reachable()
                 raise
             except FatalJudgeError as exc:
-                result.attempts.append(Attempt(number, "fatal", time.perf_counter() - started, error=str(exc)))
+                self._record(result, plan, Attempt(0, exc.outcome, time.perf_counter() - started, error=str(exc)))
                 self.breaker.reachable()
                 raise
             self.breaker.reachable()
             attempt = Attempt(
-                number,
+                0,
                 "ok",
                 time.perf_counter() - started,
                 completion.prompt_tokens,
                 completion.completion_tokens,
+                cached_tokens=completion.cached_tokens,
+                endpoint=completion.endpoint,
+                model=completion.model,
+                finish_reason=completion.finish_reason,
             )
-            result.attempts.append(attempt)
+            self._record(result, plan, attempt)
             try:
-                if completion.finish_reason == "length":
-                    raise InvalidAnswer("the answer was cut off at the token limit")
+                cut_off = completion.cut_off()
+                if cut_off is not None:
+                    rejected = Rejected(completion.text, cut_off, not completion.context_ran_out, completion.max_tokens)
+                    raise InvalidAnswer(cut_off)
                 answer = parse_json_answer(completion.text)
                 verdict = validate(answer)
             except InvalidAnswer as exc:
                 attempt.outcome, attempt.error = "invalid", str(exc)
+                if rejected is None or rejected.reason != str(exc):
+                    rejected = Rejected(completion.text, str(exc))
                 raise RetryableError("invalid", str(exc)) from exc
             return answer, verdict
 
@@ -288,6 +345,10 @@ class Judge(ABC):
             if len(result.attempts) > first and result.attempts[-1].outcome in UNREACHABLE_OUTCOMES:
                 return "unreachable"
             self._failed(result)
+            return "failed"
+
+        def fatal(exc: FatalJudgeError) -> Literal["failed"]:
+            result.failure_reason = f"{exc.outcome}: {exc}"
             return "failed"
 
         # The first attempt runs directly: tenacity's machinery costs more CPU than the
@@ -298,8 +359,7 @@ class Judge(ABC):
             if attempts <= 1:
                 return exhausted()
         except FatalJudgeError as exc:
-            result.failure_reason = f"fatal: {exc}"
-            return "failed"
+            return fatal(exc)
         except _JudgeDown:
             return "unreachable"
         else:
@@ -321,12 +381,18 @@ class Judge(ABC):
         except RetryError:
             return exhausted()
         except FatalJudgeError as exc:
-            result.failure_reason = f"fatal: {exc}"
-            return "failed"
+            return fatal(exc)
         except _JudgeDown:
             return "unreachable"
         result.status, result.answer, result.verdict = "ok", answer, verdict
         return "ok"
+
+    @staticmethod
+    def _record(result: JudgeResult[V], plan: AttemptPlan, attempt: Attempt) -> None:
+        """Append the attempt's unspent exchanges, then the attempt itself, numbered."""
+        for item in [*plan.tries, attempt]:
+            item.number = len(result.attempts) + 1
+            result.attempts.append(item)
 
     def _first_backoff(self) -> float:
         """The wait before the first retry: the policy's initial interval plus its jitter."""
@@ -336,7 +402,8 @@ class Judge(ABC):
     @staticmethod
     def _failed(result: JudgeResult[V]) -> JudgeResult[V]:
         last = result.attempts[-1]
-        result.failure_reason = f"{last.outcome} after {len(result.attempts)} attempts: {last.error}"
+        spent = sum(1 for a in result.attempts if a.spent)
+        result.failure_reason = f"{last.outcome} after {spent} attempts: {last.error}"
         return result
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from drcredit.judges.base import Judge, RetryPolicy
 from drcredit.settings import Settings
 
@@ -12,15 +14,26 @@ def build_judge(settings: Settings) -> Judge:
         from drcredit.judges.offline import OfflineJudge
 
         return OfflineJudge()
+    from drcredit.judges.fleet.endpoints import parse_endpoints
+    from drcredit.judges.fleet.rates import RateLimits
+    from drcredit.judges.fleet.store import FleetStore, MemoryStore, RedisStore
     from drcredit.judges.openai_judge import OpenAIJudge
 
     if not settings.judge_model:
         raise ValueError("DRCREDIT_JUDGE=openai needs DRCREDIT_JUDGE_MODEL (the model name the endpoint serves)")
+    endpoints = parse_endpoints(settings.judge_base_url)
+    store: FleetStore = MemoryStore()
+    if settings.broker_url:
+        # Every process of a distributed deployment learns into one record per endpoint.
+        scope = hashlib.sha256("|".join(e.url for e in endpoints).encode()).hexdigest()[:16]
+        store = RedisStore(settings.broker_url, scope)
     return OpenAIJudge(
         base_url=settings.judge_base_url,
+        endpoints=endpoints,
         model=settings.judge_model,
         api_key=settings.judge_api_key,
         timeout_s=settings.judge_timeout_s,
+        connect_timeout_s=settings.judge_connect_timeout_s,
         max_tokens=settings.judge_max_tokens,
         temperature=settings.judge_temperature,
         response_format=settings.judge_response_format,
@@ -28,4 +41,6 @@ def build_judge(settings: Settings) -> Judge:
         retry=retry,
         outage_deadline_s=settings.judge_outage_deadline_s,
         keepalive_s=settings.judge_keepalive_s,
+        store=store,
+        rates=RateLimits(settings.judge_rpm, settings.judge_tpm),
     )

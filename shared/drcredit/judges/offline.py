@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from drcredit.judges.base import Completion, Judge, Prompt, RetryPolicy
+from drcredit.judges.base import AttemptPlan, Completion, Judge, Prompt, RetryPolicy
 
 _WORD = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
@@ -121,7 +121,7 @@ class OfflineJudge(Judge):
     def __init__(self, model: str = "offline-lexical-v1", retry: RetryPolicy | None = None):
         super().__init__(model, retry or RetryPolicy(max_attempts=1))
 
-    async def acomplete(self, prompt: Prompt) -> Completion:
+    async def acomplete(self, prompt: Prompt, plan: AttemptPlan) -> Completion:
         document = json.loads(prompt.user)
         if prompt.kind == "visit":
             answer = self._visit(document)

@@ -3,7 +3,8 @@
 A step ends when its longest chain of dependent judge calls does, so wherever chains
 queue, the one with the most calls still to make should be served first (the rule
 that keeps a schedule near its critical path). Both primitives here are only used
-from the engine loop.
+from the engine loop; a slot's priority also orders the call's wait for a judge
+endpoint (:data:`~drcredit.judges.fleet.router.CALL_PRIORITY`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+
+from drcredit.judges.fleet.router import CALL_PRIORITY
 
 #: A unit at least this many calls shorter than the deepest chain running holds its
 #: first call back by one judge latency: it has more than two latencies of slack, and
@@ -84,6 +87,8 @@ class PrioritySlots:
         self._waiters = _Waiters()
 
     async def acquire(self, priority: int) -> None:
+        # The judge fleet orders the calls waiting for an endpoint by the same priority.
+        CALL_PRIORITY.set(priority)
         # A free slot means nobody waits: a release hands its slot to a live waiter.
         if self._free > 0:
             self._free -= 1

@@ -1,0 +1,73 @@
+"""Whether one endpoint of the fleet takes calls: its own breaker.
+
+An endpoint that fails :data:`FAILURES_TO_OPEN` calls in a row without answering (a
+refused or dropped connection, a timeout, a 5xx) is taken out of the rotation; its calls
+go to the others. While out it is offered one call at a time as a probe, at intervals
+growing from :data:`PROBE_INITIAL_S` to :data:`PROBE_MAX_S`; any answer brings it back.
+A 429 is an answer: the endpoint is alive and only asks for fewer calls
+(:mod:`drcredit.judges.fleet.limits`). Only when every endpoint is out is the judge
+unreachable, the outage the judge's own breaker (:mod:`drcredit.judges.breaker`) waits out.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+FAILURES_TO_OPEN = 3
+PROBE_INITIAL_S = 0.5
+PROBE_MAX_S = 15.0
+
+
+class EndpointHealth:
+    """One process's view of one endpoint (engine loop only)."""
+
+    def __init__(self) -> None:
+        self.up = True
+        self.failures = 0
+        #: When the current state began (wall clock, for /readyz).
+        self.since = datetime.now(UTC)
+        self.reason: str | None = None
+        self.probing = False
+        self.next_probe = 0.0
+        self._interval = PROBE_INITIAL_S
+        #: Times it was taken out of the rotation.
+        self.outages = 0
+
+    def answered(self) -> bool:
+        """An answer of any kind; True when this brings the endpoint back."""
+        self.failures = 0
+        self.probing = False
+        if self.up:
+            return False
+        self.up, self.since, self.reason = True, datetime.now(UTC), None
+        self._interval = PROBE_INITIAL_S
+        return True
+
+    def failed(self, reason: str, now: float, *, probe: bool) -> bool:
+        """A call ended without an answer; True when this takes the endpoint out."""
+        self.failures += 1
+        self.reason = reason
+        if probe:
+            self.probing = False
+        if not self.up:
+            if probe:
+                self._interval = min(PROBE_MAX_S, self._interval * 2)
+                self.next_probe = now + self._interval
+            return False
+        if self.failures < FAILURES_TO_OPEN:
+            return False
+        self.up, self.since = False, datetime.now(UTC)
+        self.outages += 1
+        self._interval = PROBE_INITIAL_S
+        self.next_probe = now + self._interval
+        return True
+
+    def probe_due(self, now: float) -> bool:
+        return not self.up and not self.probing and now >= self.next_probe
+
+    def start_probe(self) -> None:
+        self.probing = True
+
+    def probe_abandoned(self) -> None:
+        """A probe ended without a verdict (cancelled): let another go."""
+        self.probing = False

@@ -1,0 +1,137 @@
+"""The HTTP client of one endpoint: a connect timeout of its own, connections paced.
+
+A server accepts new connections at its own pace: its accept queue (the listen
+backlog, 5 in the smallest servers) holds what it has not accepted yet, and the kernel
+drops connection attempts beyond it; the client's retransmissions then come 1, 3, 7,
+15 s later. A step's first wave opening hundreds of connections at once lost them that
+way, and a server without keep-alive needs a new connection for every call. Nothing
+tells a client the queue is filling (a connection is accepted in microseconds until
+the queue overflows), so each endpoint's connections are opened at a paced rate
+(:class:`ConnectPacer`): it doubles with each second of connections accepted at once
+until one is not, then drops by :data:`PACE_CUT` and grows by a tenth a second
+(:data:`PACE_PROBE`). An attempt the server has not answered within a few times the
+usual connect time is made again at once, not after the kernel's one-second
+retransmission. Keep-alive connections are reused as before, so a server that keeps
+connections open pays the pace only for its first ones.
+
+The transport is the official ``openai`` client's aiohttp one, given an aiohttp session
+whose connector does the pacing (``_create_connection`` is aiohttp's hook for making a
+new connection, overridden here and covered by a test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import attr
+import httpx2
+import openai
+from openai._vendor.httpx_aiohttp import AiohttpTransport
+
+#: New connections per second at first, at least and at most.
+PACE_INITIAL = 500.0
+PACE_MIN = 10.0
+PACE_MAX = 100_000.0
+#: After an attempt the server did not answer: the pace is cut by this factor (at most
+#: once per :data:`CUT_INTERVAL_S`) and then grows by :data:`PACE_PROBE` of itself per
+#: second of connections made at that pace.
+PACE_CUT = 0.85
+PACE_PROBE = 0.1
+CUT_INTERVAL_S = 0.25
+#: An attempt is made again after this many times the usual connect time, within
+#: these bounds (the upper one is the kernel's own first retransmission).
+TRY_FACTOR = 4.0
+TRY_MIN_S = 0.25
+TRY_MAX_S = 1.0
+
+
+class ConnectPacer:
+    """The pace of new connections to one endpoint (engine loop only)."""
+
+    def __init__(self, rate: float = PACE_INITIAL, clock: Any = time.monotonic):
+        self.rate = rate
+        self._clock = clock
+        self._due = 0.0
+        self._cut_at = -1.0
+        #: Until the first unanswered attempt the pace doubles per second (slow start).
+        self.probing = False
+        #: Connection attempts made, and those the server left unanswered.
+        self.attempts = 0
+        self.unanswered = 0
+        #: Smoothed seconds of an answered connection attempt.
+        self.connect_s: float | None = None
+
+    async def turn(self) -> None:
+        """Wait for this connection attempt's turn."""
+        now = self._clock()
+        start = max(now, self._due)
+        self._due = start + 1.0 / self.rate
+        if start > now:
+            await asyncio.sleep(start - now)
+
+    def try_timeout_s(self) -> float:
+        """How long one attempt may wait for the server before it is made again."""
+        if self.connect_s is None:
+            return TRY_MAX_S
+        return min(TRY_MAX_S, max(TRY_MIN_S, TRY_FACTOR * self.connect_s))
+
+    def answered(self, seconds: float) -> None:
+        self.attempts += 1
+        self.connect_s = seconds if self.connect_s is None else self.connect_s + 0.1 * (seconds - self.connect_s)
+        gain = PACE_PROBE if self.probing else 1.0
+        self.rate = min(PACE_MAX, self.rate + gain)
+
+    def unanswered_attempt(self) -> None:
+        self.attempts += 1
+        self.unanswered += 1
+        now = self._clock()
+        if now - self._cut_at >= CUT_INTERVAL_S:
+            self._cut_at = now
+            self.rate = max(PACE_MIN, self.rate * PACE_CUT)
+            self.probing = True
+
+
+class PacedConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, opening new connections at a :class:`ConnectPacer`'s pace."""
+
+    def __init__(self, pacer: ConnectPacer, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.pacer = pacer
+
+    async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
+        deadline = time.monotonic() + (timeout.sock_connect or TRY_MAX_S)
+        while True:
+            await self.pacer.turn()
+            started = time.monotonic()
+            attempt = attr.evolve(timeout, sock_connect=max(0.001, min(self.pacer.try_timeout_s(), deadline - started)))
+            try:
+                proto = await super()._create_connection(req, traces, attempt)
+            except TimeoutError:  # aiohttp's sock_connect timeout (a plain TimeoutError)
+                self.pacer.unanswered_attempt()
+                if time.monotonic() >= deadline:
+                    raise
+                continue  # a fresh attempt now, not the kernel's retransmission a second later
+            self.pacer.answered(time.monotonic() - started)
+            return proto
+
+
+def http_client(pacer: ConnectPacer, *, answer_timeout_s: float, connect_timeout_s: float, keepalive_s: float) -> Any:
+    """An ``httpx2`` client on the aiohttp transport, for one endpoint and one event loop.
+
+    Connections are limited only by the platform's own call limits (aiohttp's default
+    of 100 capped a worker at 100 calls in flight), idle ones expire after
+    ``keepalive_s``, and a connection attempt gives up after ``connect_timeout_s``,
+    apart from the time an answer may take.
+    """
+
+    def session() -> aiohttp.ClientSession:
+        connector = PacedConnector(pacer, limit=0, keepalive_timeout=keepalive_s)
+        return aiohttp.ClientSession(connector=connector)
+
+    return openai.DefaultAioHttpClient(
+        timeout=httpx2.Timeout(answer_timeout_s, connect=connect_timeout_s),
+        transport=AiohttpTransport(client=session),
+    )
