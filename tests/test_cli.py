@@ -135,7 +135,7 @@ def test_score_json_prints_the_advantages_document(scored: dict[str, Run], examp
 
 
 def test_score_json_outcome_advantages_follow_spec(scored: dict[str, Run], example: dict[str, Any]) -> None:
-    """A_o = (r - mean) / sample std over the 8 input rewards (SPEC section 6)."""
+    """A_o = (r - mean) / sample std over the 8 input rewards (docs/method.md, "Advantages")."""
     doc = scored["json"].document()
     rewards = [r["outcome_reward"] for r in example["rollouts"]]
     mu = math.fsum(rewards) / len(rewards)

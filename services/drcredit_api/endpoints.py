@@ -1,4 +1,4 @@
-"""The routes of API.md. Each handler validates, calls the pipeline, shapes the answer."""
+"""The routes of the REST API (docs/api.md). Each handler validates, calls the pipeline, shapes the answer."""
 
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def score(
         Path, typer.Argument(metavar="GROUP.json", help="A rollout group as posted to POST /v1/groups.")
     ],
     params: Annotated[
-        str | None, typer.Option("--params", help="JSON object of parameter overrides (SPEC section 7).")
+        str | None, typer.Option("--params", help="JSON object of parameter overrides (docs/parameters.md).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the advantages document instead of a table.")] = False,
     store: Annotated[

@@ -1,7 +1,7 @@
-"""Every endpoint of API.md against the real app, on SQLite and on Postgres.
+"""Every endpoint of the REST API (docs/api.md) against the real app, on SQLite and on Postgres.
 
 The judge is the scripted OpenAI-compatible server (``marker_answer``), so the expected
-credits below follow from the markers in the page and snippet text by SPEC's rules.
+credits below follow from the markers in the page and snippet text by the method's rules (docs/method.md).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def replay_group(s: Session, group: m.Group, overrides: dict[str, Any]) -> Repla
     reference = group_advantages(content, group_credits(content, judgments, reference_params), reference_params)
     if params.outcome_source == "judge":
         # The outcome reward under the replay's weights and caps, from the stored
-        # outcome judgments (SPEC section 11).
+        # outcome judgments (docs/method.md, "Outcome reward").
         rewards = {rid: b.reward for rid, b in group_breakdowns(s, group.id, content.rubrics, params).items()}
         content = content.model_copy(
             update={"rollouts": [r.model_copy(update={"outcome_reward": rewards.get(r.id)}) for r in content.rollouts]}
@@ -75,7 +75,7 @@ def replay_group(s: Session, group: m.Group, overrides: dict[str, Any]) -> Repla
 
 
 def pooled_sensitivity(replays: Sequence[Replayed]) -> Sensitivity:
-    """SPEC section 10 over several groups' corresponding turns; with any bounded turn,
+    """The sensitivity figures (docs/method.md, "Sensitivity replay") over several groups' turns; with any bounded turn,
     the worse of the low and high scenarios (a bound, not an exact figure)."""
     references = [r.reference for r in replays]
     low = compare(references, [r.low for r in replays])
