@@ -82,12 +82,13 @@ def run(tmp_path: Path, *args: str, cwd: Path = ROOT, env: dict[str, str] | None
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """Default JSON, default table and ``cap 0.5`` JSON runs, started concurrently."""
+    """Default JSON, default table, ``cap 0.5`` JSON and an 80-column table, started concurrently."""
     base = tmp_path_factory.mktemp("cli")
     processes = {
         "json": start(base / "json", "score", "examples/group.json", "--json"),
         "table": start(base / "table", "score", "examples/group.json"),
         "cap": start(base / "cap", "score", "examples/group.json", "--params", '{"cap": 0.5}', "--json"),
+        "narrow": start(base / "narrow", "score", "examples/group.json", env={"COLUMNS": "80"}),
     }
     try:
         yield {name: finish(p) for name, p in processes.items()}
@@ -176,8 +177,14 @@ def test_score_prints_a_table_with_rollouts_and_stats(scored: dict[str, Run], ex
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Advantages of group demo-step1-q1" in out
-    for rollout in example["rollouts"]:
-        assert re.search(rf"(?<![\w-]){re.escape(rollout['id'])} \(A_o [+-]\d+\.\d{{4}}\)", out), rollout["id"]
+    assert re.search(r"^rollout +A_o +turn +type +credit +A_rg +D +advantage +note$", out, re.MULTILINE), out
+    doc = scored["json"].document()
+    for rollout in doc["rollouts"]:
+        # The rollout's first row: its id, A_o, then turn 0 with its numbers.
+        first = rollout["turns"][0]
+        a_o = re.escape(f"{rollout['outcome_advantage']:+.4f}")
+        row = rf"^{re.escape(rollout['id'])} +{a_o} +0 +{first['type']} "
+        assert re.search(row, out, re.MULTILINE), (rollout["id"], out)
     rewards = [r["outcome_reward"] for r in example["rollouts"]]
     mu = math.fsum(rewards) / len(rewards)
     sd = math.sqrt(math.fsum((r - mu) ** 2 for r in rewards) / (len(rewards) - 1))
@@ -190,6 +197,26 @@ def test_score_prints_a_table_with_rollouts_and_stats(scored: dict[str, Run], ex
     )
     with pytest.raises(json.JSONDecodeError):
         json.loads(out)
+
+
+def test_score_table_fits_80_columns_without_wrapping_a_row(scored: dict[str, Run]) -> None:
+    """At 80 columns every turn is one line: the rollout label, A_o and the turn's numbers."""
+    result = scored["narrow"]
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(i for i, line in enumerate(lines) if line.startswith("rollout"))
+    assert lines[header].split() == ["rollout", "A_o", "turn", "type", "credit", "A_rg", "D", "advantage", "note"]
+    doc = scored["json"].document()
+    rows = [line.split() for line in lines[header + 2 :] if line.strip() and not line.startswith(("A_o ", "mu_rg"))]
+    expected = []
+    for rollout in doc["rollouts"]:
+        for k, turn in enumerate(rollout["turns"]):
+            label = [rollout["id"], f"{rollout['outcome_advantage']:+.4f}"] if k == 0 else []
+            numbers = [turn["credit"], turn["process_advantage"], turn["discounted_process_advantage"]]
+            shown = [f"{turn['credit']:.3f}"] + [f"{v:+.4f}" for v in numbers[1:]] if numbers[0] is not None else []
+            expected.append([*label, str(turn["index"]), turn["type"], *shown, f"{turn['advantage']:+.4f}"])
+    assert rows[: len(expected)] == expected
 
 
 def test_score_params_override_caps_credits(scored: dict[str, Run]) -> None:

@@ -14,7 +14,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
@@ -30,6 +29,7 @@ from drcredit.scoring.errors import Conflict
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
 from drcredit_cli.report import report as report_command
+from drcredit_cli.table import print_advantages
 
 app = typer.Typer(
     help=(
@@ -193,7 +193,7 @@ def score(
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
-        _print_table(document, progress)
+        print_advantages(document, progress)
     failed = progress["judgments_failed"]
     if failed and not allow_failures:
         _fail(
@@ -238,46 +238,6 @@ def _follow(runtime: Runtime, group_id: str) -> None:
                 dispatcher.wait_idle(timeout=0.2)
             else:
                 time.sleep(0.2)
-
-
-def _fmt(value: float | None) -> str:
-    return "" if value is None else f"{value:+.4f}"
-
-
-def _print_table(document: dict[str, Any], progress: dict[str, int]) -> None:
-    out = Console()
-    stats = document["stats"]
-    table = Table(title=f"Advantages of group {document['group_id']}", show_lines=False)
-    for column in ("rollout", "turn", "type", "credit", "process adv.", "discounted", "advantage", ""):
-        table.add_column(column, justify="right" if column not in ("rollout", "type") else "left")
-    for rollout in document["rollouts"]:
-        first = True
-        for turn in rollout["turns"]:
-            label = f"{rollout['id']} (A_o {_fmt(rollout['outcome_advantage'])})" if first else ""
-            credit = "" if turn["credit"] is None else f"{turn['credit']:.3f}"
-            table.add_row(
-                label,
-                str(turn["index"]),
-                turn["type"],
-                credit,
-                _fmt(turn["process_advantage"]),
-                _fmt(turn["discounted_process_advantage"]),
-                _fmt(turn["advantage"]),
-                "unscorable" if turn["unscorable"] else "",
-            )
-            first = False
-        table.add_section()
-    out.print(table)
-    sigma_o = stats["sigma_o"]
-    out.print(
-        f"mu_rg={stats['mu_rg']:.4f} sigma_rg={stats['sigma_rg']:.4f} "
-        f"mu_o={'n/a' if stats['mu_o'] is None else format(stats['mu_o'], '.4f')} "
-        f"sigma_o={'n/a' if sigma_o is None else format(sigma_o, '.4f')}  |  "
-        f"judge calls {progress['judge_calls']}, cache hits {progress['cache_hits']}, "
-        f"deterministic zeros {progress['deterministic_zeros']}, skipped snippet calls {progress['snippet_calls_skipped']}, "
-        f"failed {progress['judgments_failed']}",
-        highlight=False,
-    )
 
 
 @app.command()
