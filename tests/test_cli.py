@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from drcredit.domain.params import ScoringParams
+from drcredit_cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "group.json"
@@ -285,3 +287,16 @@ def test_score_help_documents_its_options(tmp_path: Path) -> None:
     assert "GROUP.json" in out
     assert re.search(r"--params\b.*JSON object of parameter overrides", out), out
     assert re.search(r"--json\b.*advantages document", out), out
+    # Flags are shown as flags: no value type after them (typer's default is `--json <bool>`).
+    assert re.search(r"--json +Print the advantages document", out), out
+    assert re.search(r"--allow-failures +Exit 0", out), out
+    assert re.search(r"--params +<str> +JSON object", out), out  # an option with a value keeps its type
+
+
+@pytest.mark.parametrize("command", [[], ["score"], ["serve"], ["worker"], ["report"], ["db"], ["db", "upgrade"]])
+def test_no_help_page_shows_a_value_for_a_flag(command: list[str]) -> None:
+    """Every command's --help, its own flags and --help itself included, shows no <bool>."""
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.output and "Show this message and exit." in result.output
+    assert "<bool>" not in result.output, result.output

@@ -28,6 +28,7 @@ from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
+from drcredit_cli.flags import Command, Group
 from drcredit_cli.report import report as report_command
 from drcredit_cli.table import print_advantages
 
@@ -41,8 +42,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
-db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True, cls=Group)
 app.add_typer(db_app, name="db")
 
 err = Console(stderr=True)
@@ -132,7 +134,7 @@ def _load_group(path: Path, params_json: str | None) -> GroupIn:
     raise AssertionError("unreachable")
 
 
-@app.command()
+@app.command(cls=Command)
 def score(
     group_file: Annotated[
         Path, typer.Argument(metavar="GROUP.json", help="A rollout group as posted to POST /v1/groups.")
@@ -240,7 +242,7 @@ def _follow(runtime: Runtime, group_id: str) -> None:
                 time.sleep(0.2)
 
 
-@app.command()
+@app.command(cls=Command)
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -269,7 +271,7 @@ def _worker_configs() -> dict[str, Any]:
     return {c.queue: c for c in (VISITS, SNIPPETS, OUTCOMES, AGGREGATOR)}
 
 
-@app.command()
+@app.command(cls=Command)
 def worker(
     queues: Annotated[
         str | None,
@@ -341,7 +343,7 @@ def worker(
     )
 
 
-@db_app.command("upgrade")
+@db_app.command("upgrade", cls=Command)
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
     """Apply migrations up to REVISION (default: the latest) on DRCREDIT_DATABASE_URL."""
     from drcredit.storage.migrate import upgrade
@@ -355,7 +357,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     err.print(f"database at revision {revision}")
 
 
-app.command("report")(report_command)
+app.command("report", cls=Command)(report_command)
 
 
 def main() -> None:
