@@ -72,6 +72,8 @@ def _links(group_id: str) -> dict[str, str]:
         "advantages": f"{base}/advantages",
         "credits": f"{base}/credits",
         "rollouts": f"{base}/rollouts",
+        # The group's page in the credit viewer (docs/viewer.md).
+        "viewer": f"/ui/groups/{group_id}",
     }
 
 
