@@ -12,18 +12,22 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from drcredit.domain.params import ScoringParams
 from drcredit_cli.main import app
+from tests.support.live import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "group.json"
@@ -300,3 +304,36 @@ def test_no_help_page_shows_a_value_for_a_flag(command: list[str]) -> None:
     assert result.exit_code == 0, result.output
     assert "--help" in result.output and "Show this message and exit." in result.output
     assert "<bool>" not in result.output, result.output
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_serve_logs_start_and_stop_without_escape_codes(tmp_path: Path, log_format: str) -> None:
+    """uvicorn's start and stop lines carry a coloured copy of their message; neither log
+    format may pass its ANSI escape codes on."""
+    port = free_port()
+    process = start(tmp_path / "data", "serve", "--port", str(port), env={"DRCREDIT_LOG_FORMAT": log_format})
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not _answers(f"http://127.0.0.1:{port}/healthz"):
+            assert process.poll() is None and time.monotonic() < deadline, "drcredit serve did not come up"
+            time.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGINT)  # uvicorn's graceful stop, as CTRL+C
+    result = finish(process)
+    assert result.returncode == 0, result.stderr
+    for line in ("Started server process", f"Uvicorn running on http://127.0.0.1:{port}", "Finished server process"):
+        assert line in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr and "\\u001b" not in result.stderr and "color_message" not in result.stderr
+    if log_format == "json":
+        records = [json.loads(line) for line in result.stderr.splitlines()]
+        assert any(r["event"].startswith("Started server process") for r in records)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
