@@ -26,8 +26,10 @@ import pytest
 from typer.testing import CliRunner
 
 from drcredit.domain.params import ScoringParams
+from drcredit_api.app import create_app
 from drcredit_cli.main import app
-from tests.support.live import free_port
+from tests.support.api import settings_for
+from tests.support.live import free_port, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "group.json"
@@ -337,3 +339,25 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def test_report_of_an_unknown_run_names_the_known_ones(tmp_path: Path) -> None:
+    data, fresh = tmp_path / "data", tmp_path / "fresh"
+    assert finish(start(fresh, "db", "upgrade")).returncode == 0  # a database with no group at all
+    empty = finish(start(fresh, "report", "run", "nope", "-o", str(tmp_path / "x.html")))
+    assert_fails(empty, "run 'nope' not found", "no run is stored yet", "metadata.run")
+    stored = finish(start(data, "score", str(EXAMPLE), "--store", "--json"))
+    assert stored.returncode == 0, stored.stderr  # examples/group.json is in run "demo"
+    unknown = finish(start(data, "report", "run", "demmo", "-o", str(tmp_path / "x.html")))
+    assert_fails(unknown, "run 'demmo' not found; known runs, newest first: demo")
+    assert not (tmp_path / "x.html").exists()
+    # The same through a running service (its GET /v1/runs).
+    with serving(create_app(settings_for(f"sqlite:///{data / 'drcredit.sqlite3'}", None))) as url:
+        remote = finish(start(data, "report", "run", "demmo", "--url", url, "-o", str(tmp_path / "x.html")))
+    assert_fails(remote, "run 'demmo' not found; known runs, newest first: demo")
+    known = finish(start(data, "report", "run", "demo", "-o", str(tmp_path / "demo.html")))
+    assert known.returncode == 0, known.stderr
+    assert "wrote" in known.stderr and (tmp_path / "demo.html").stat().st_size > 0
