@@ -333,7 +333,7 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
 
 
 def section_outcome(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
-    """The default step with the outcome reward judged by the service (SPEC section 11).
+    """The default step with the outcome reward judged by the service (docs/method.md, "Outcome reward").
 
     Distributed, as the step section runs it plus one outcome-judge worker. Outcome calls
     depend on no other call, so they add one level to a rollout's chain of dependent calls
@@ -441,7 +441,7 @@ def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
 def section_calls(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Judge calls against the naive count as the share of failed pages varies.
 
-    Under SPEC the calls a step needs are fixed by its content: one per (visit with a
+    Under the method (docs/method.md) the calls a step needs are fixed by its content: one per (visit with a
     usable page, positive rubric), one per search with unvisited results unless its
     navigation credit is saturated, identical requests once. The share of visits
     whose every page failed is what moves the ratio most; this section shows it. It

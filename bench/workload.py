@@ -194,7 +194,7 @@ def make_step(
 
 
 def with_judged_outcomes(group: dict[str, Any]) -> dict[str, Any]:
-    """The group with the service judging its outcome rewards (SPEC section 11).
+    """The group with the service judging its outcome rewards (docs/method.md, "Outcome reward").
 
     No trainer reward; each report gets two headings and cites up to three of the
     rollout's usable pages, one claim per page, each claim the first sentence of its page

@@ -12,16 +12,24 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from typer.testing import CliRunner
 
 from drcredit.domain.params import ScoringParams
+from drcredit_api.app import create_app
+from drcredit_cli.main import app
+from tests.support.api import settings_for
+from tests.support.live import free_port, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "group.json"
@@ -82,12 +90,13 @@ def run(tmp_path: Path, *args: str, cwd: Path = ROOT, env: dict[str, str] | None
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """Default JSON, default table and ``cap 0.5`` JSON runs, started concurrently."""
+    """Default JSON, default table, ``cap 0.5`` JSON and an 80-column table, started concurrently."""
     base = tmp_path_factory.mktemp("cli")
     processes = {
         "json": start(base / "json", "score", "examples/group.json", "--json"),
         "table": start(base / "table", "score", "examples/group.json"),
         "cap": start(base / "cap", "score", "examples/group.json", "--params", '{"cap": 0.5}', "--json"),
+        "narrow": start(base / "narrow", "score", "examples/group.json", env={"COLUMNS": "80"}),
     }
     try:
         yield {name: finish(p) for name, p in processes.items()}
@@ -135,7 +144,7 @@ def test_score_json_prints_the_advantages_document(scored: dict[str, Run], examp
 
 
 def test_score_json_outcome_advantages_follow_spec(scored: dict[str, Run], example: dict[str, Any]) -> None:
-    """A_o = (r - mean) / sample std over the 8 input rewards (SPEC section 6)."""
+    """A_o = (r - mean) / sample std over the 8 input rewards (docs/method.md, "Advantages")."""
     doc = scored["json"].document()
     rewards = [r["outcome_reward"] for r in example["rollouts"]]
     mu = math.fsum(rewards) / len(rewards)
@@ -176,8 +185,14 @@ def test_score_prints_a_table_with_rollouts_and_stats(scored: dict[str, Run], ex
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "Advantages of group demo-step1-q1" in out
-    for rollout in example["rollouts"]:
-        assert re.search(rf"(?<![\w-]){re.escape(rollout['id'])} \(A_o [+-]\d+\.\d{{4}}\)", out), rollout["id"]
+    assert re.search(r"^rollout +A_o +turn +type +credit +A_rg +D +advantage +note$", out, re.MULTILINE), out
+    doc = scored["json"].document()
+    for rollout in doc["rollouts"]:
+        # The rollout's first row: its id, A_o, then turn 0 with its numbers.
+        first = rollout["turns"][0]
+        a_o = re.escape(f"{rollout['outcome_advantage']:+.4f}")
+        row = rf"^{re.escape(rollout['id'])} +{a_o} +0 +{first['type']} "
+        assert re.search(row, out, re.MULTILINE), (rollout["id"], out)
     rewards = [r["outcome_reward"] for r in example["rollouts"]]
     mu = math.fsum(rewards) / len(rewards)
     sd = math.sqrt(math.fsum((r - mu) ** 2 for r in rewards) / (len(rewards) - 1))
@@ -190,6 +205,26 @@ def test_score_prints_a_table_with_rollouts_and_stats(scored: dict[str, Run], ex
     )
     with pytest.raises(json.JSONDecodeError):
         json.loads(out)
+
+
+def test_score_table_fits_80_columns_without_wrapping_a_row(scored: dict[str, Run]) -> None:
+    """At 80 columns every turn is one line: the rollout label, A_o and the turn's numbers."""
+    result = scored["narrow"]
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    header = next(i for i, line in enumerate(lines) if line.startswith("rollout"))
+    assert lines[header].split() == ["rollout", "A_o", "turn", "type", "credit", "A_rg", "D", "advantage", "note"]
+    doc = scored["json"].document()
+    rows = [line.split() for line in lines[header + 2 :] if line.strip() and not line.startswith(("A_o ", "mu_rg"))]
+    expected = []
+    for rollout in doc["rollouts"]:
+        for k, turn in enumerate(rollout["turns"]):
+            label = [rollout["id"], f"{rollout['outcome_advantage']:+.4f}"] if k == 0 else []
+            numbers = [turn["credit"], turn["process_advantage"], turn["discounted_process_advantage"]]
+            shown = [f"{turn['credit']:.3f}"] + [f"{v:+.4f}" for v in numbers[1:]] if numbers[0] is not None else []
+            expected.append([*label, str(turn["index"]), turn["type"], *shown, f"{turn['advantage']:+.4f}"])
+    assert rows[: len(expected)] == expected
 
 
 def test_score_params_override_caps_credits(scored: dict[str, Run]) -> None:
@@ -258,3 +293,71 @@ def test_score_help_documents_its_options(tmp_path: Path) -> None:
     assert "GROUP.json" in out
     assert re.search(r"--params\b.*JSON object of parameter overrides", out), out
     assert re.search(r"--json\b.*advantages document", out), out
+    # Flags are shown as flags: no value type after them (typer's default is `--json <bool>`).
+    assert re.search(r"--json +Print the advantages document", out), out
+    assert re.search(r"--allow-failures +Exit 0", out), out
+    assert re.search(r"--params +<str> +JSON object", out), out  # an option with a value keeps its type
+
+
+@pytest.mark.parametrize("command", [[], ["score"], ["serve"], ["worker"], ["report"], ["db"], ["db", "upgrade"]])
+def test_no_help_page_shows_a_value_for_a_flag(command: list[str]) -> None:
+    """Every command's --help, its own flags and --help itself included, shows no <bool>."""
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.output and "Show this message and exit." in result.output
+    assert "<bool>" not in result.output, result.output
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_serve_logs_start_and_stop_without_escape_codes(tmp_path: Path, log_format: str) -> None:
+    """uvicorn's start and stop lines carry a coloured copy of their message; neither log
+    format may pass its ANSI escape codes on."""
+    port = free_port()
+    process = start(tmp_path / "data", "serve", "--port", str(port), env={"DRCREDIT_LOG_FORMAT": log_format})
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not _answers(f"http://127.0.0.1:{port}/healthz"):
+            assert process.poll() is None and time.monotonic() < deadline, "drcredit serve did not come up"
+            time.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGINT)  # uvicorn's graceful stop, as CTRL+C
+    result = finish(process)
+    assert result.returncode == 0, result.stderr
+    for line in ("Started server process", f"Uvicorn running on http://127.0.0.1:{port}", "Finished server process"):
+        assert line in result.stderr, result.stderr
+    assert "\x1b" not in result.stderr and "\\u001b" not in result.stderr and "color_message" not in result.stderr
+    if log_format == "json":
+        records = [json.loads(line) for line in result.stderr.splitlines()]
+        assert any(r["event"].startswith("Started server process") for r in records)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def test_report_of_an_unknown_run_names_the_known_ones(tmp_path: Path) -> None:
+    data, fresh = tmp_path / "data", tmp_path / "fresh"
+    assert finish(start(fresh, "db", "upgrade")).returncode == 0  # a database with no group at all
+    empty = finish(start(fresh, "report", "run", "nope", "-o", str(tmp_path / "x.html")))
+    assert_fails(empty, "run 'nope' not found", "no run is stored yet", "metadata.run")
+    stored = finish(start(data, "score", str(EXAMPLE), "--store", "--json"))
+    assert stored.returncode == 0, stored.stderr  # examples/group.json is in run "demo"
+    unknown = finish(start(data, "report", "run", "demmo", "-o", str(tmp_path / "x.html")))
+    assert_fails(unknown, "run 'demmo' not found; known runs, newest first: demo")
+    assert not (tmp_path / "x.html").exists()
+    # The same through a running service (its GET /v1/runs).
+    with serving(create_app(settings_for(f"sqlite:///{data / 'drcredit.sqlite3'}", None))) as url:
+        remote = finish(start(data, "report", "run", "demmo", "--url", url, "-o", str(tmp_path / "x.html")))
+    assert_fails(remote, "run 'demmo' not found; known runs, newest first: demo")
+    known = finish(start(data, "report", "run", "demo", "-o", str(tmp_path / "demo.html")))
+    assert known.returncode == 0, known.stderr
+    assert "wrote" in known.stderr and (tmp_path / "demo.html").stat().st_size > 0

@@ -1,6 +1,6 @@
 """GRPO with DrCredit's per-token advantages in TRL (trl 1.16): a minimal script.
 
-    pip install "drcredit[trl]"
+    pip install -e ".[trl]"                            # from the repository root
     drcredit serve &                                   # or point DRCREDIT_URL at your deployment
     DRCREDIT_URL=http://127.0.0.1:8000 python examples/trl/train_grpo_drcredit.py --model Qwen/Qwen3-0.6B
 

@@ -1,1 +1,1 @@
-"""The ingest and results REST API (API.md), a thin shell over ``drcredit.scoring``."""
+"""The ingest and results REST API (docs/api.md), a thin shell over ``drcredit.scoring``."""

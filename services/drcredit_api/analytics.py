@@ -29,7 +29,7 @@ Budgets = Annotated[
 
 @router.get("/v1/groups/{group_id}/evidence", response_model=schemas.EvidenceDocument, responses=RESULT)
 async def get_evidence(group_id: str, tenant: Tenant, rt: RuntimeDep, budgets: Budgets = None) -> dict[str, Any]:
-    """The evidence proxy of SPEC section 9: C(b) and U(b) over the group's rollouts."""
+    """The evidence proxy (docs/method.md, "Evidence proxy"): C(b) and U(b) over the group's rollouts."""
     chosen = parse_budgets(budgets)
     return await read_db(rt, lambda s: evidence_document(s, documents.find_group(s, tenant, group_id), chosen))
 

@@ -1,4 +1,4 @@
-"""The routes of API.md. Each handler validates, calls the pipeline, shapes the answer."""
+"""The routes of the REST API (docs/api.md). Each handler validates, calls the pipeline, shapes the answer."""
 
 from __future__ import annotations
 
@@ -72,6 +72,8 @@ def _links(group_id: str) -> dict[str, str]:
         "advantages": f"{base}/advantages",
         "credits": f"{base}/credits",
         "rollouts": f"{base}/rollouts",
+        # The group's page in the credit viewer (docs/viewer.md).
+        "viewer": f"/ui/groups/{group_id}",
     }
 
 

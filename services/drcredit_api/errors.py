@@ -78,11 +78,15 @@ def install_handlers(app: FastAPI) -> None:
                 reason = err.get("ctx", {}).get("error", err.get("msg"))
                 errors.append(FieldError("body", f"invalid JSON{where}: {reason}"))
                 continue
+            if loc == ("body",) and err.get("type") == "missing":
+                errors.append(FieldError("body", "must be a JSON object (got an empty body)"))
+                continue
             strip = 1 if loc and loc[0] in ("body", "query", "path") else 0
             converted = errors_from_pydantic([err], strip=strip)
             if loc and loc[0] in ("query", "path"):
                 converted = [FieldError(f"{loc[0]}.{e.field}", e.message) for e in converted]
-            errors.extend(converted)
+            # A problem with the body as a whole (null, an array) is named on the body.
+            errors.extend(FieldError(e.field or "body", e.message) for e in converted)
         return validation_response(errors)
 
     @app.exception_handler(InvalidInput)

@@ -14,7 +14,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
@@ -29,7 +28,9 @@ from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
+from drcredit_cli.flags import Command, Group
 from drcredit_cli.report import report as report_command
+from drcredit_cli.table import print_advantages
 
 app = typer.Typer(
     help=(
@@ -41,8 +42,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
-db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True)
+db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True, cls=Group)
 app.add_typer(db_app, name="db")
 
 err = Console(stderr=True)
@@ -132,13 +134,13 @@ def _load_group(path: Path, params_json: str | None) -> GroupIn:
     raise AssertionError("unreachable")
 
 
-@app.command()
+@app.command(cls=Command)
 def score(
     group_file: Annotated[
         Path, typer.Argument(metavar="GROUP.json", help="A rollout group as posted to POST /v1/groups.")
     ],
     params: Annotated[
-        str | None, typer.Option("--params", help="JSON object of parameter overrides (SPEC section 7).")
+        str | None, typer.Option("--params", help="JSON object of parameter overrides (docs/parameters.md).")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the advantages document instead of a table.")] = False,
     store: Annotated[
@@ -193,7 +195,7 @@ def score(
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
-        _print_table(document, progress)
+        print_advantages(document, progress)
     failed = progress["judgments_failed"]
     if failed and not allow_failures:
         _fail(
@@ -240,47 +242,7 @@ def _follow(runtime: Runtime, group_id: str) -> None:
                 time.sleep(0.2)
 
 
-def _fmt(value: float | None) -> str:
-    return "" if value is None else f"{value:+.4f}"
-
-
-def _print_table(document: dict[str, Any], progress: dict[str, int]) -> None:
-    out = Console()
-    stats = document["stats"]
-    table = Table(title=f"Advantages of group {document['group_id']}", show_lines=False)
-    for column in ("rollout", "turn", "type", "credit", "process adv.", "discounted", "advantage", ""):
-        table.add_column(column, justify="right" if column not in ("rollout", "type") else "left")
-    for rollout in document["rollouts"]:
-        first = True
-        for turn in rollout["turns"]:
-            label = f"{rollout['id']} (A_o {_fmt(rollout['outcome_advantage'])})" if first else ""
-            credit = "" if turn["credit"] is None else f"{turn['credit']:.3f}"
-            table.add_row(
-                label,
-                str(turn["index"]),
-                turn["type"],
-                credit,
-                _fmt(turn["process_advantage"]),
-                _fmt(turn["discounted_process_advantage"]),
-                _fmt(turn["advantage"]),
-                "unscorable" if turn["unscorable"] else "",
-            )
-            first = False
-        table.add_section()
-    out.print(table)
-    sigma_o = stats["sigma_o"]
-    out.print(
-        f"mu_rg={stats['mu_rg']:.4f} sigma_rg={stats['sigma_rg']:.4f} "
-        f"mu_o={'n/a' if stats['mu_o'] is None else format(stats['mu_o'], '.4f')} "
-        f"sigma_o={'n/a' if sigma_o is None else format(sigma_o, '.4f')}  |  "
-        f"judge calls {progress['judge_calls']}, cache hits {progress['cache_hits']}, "
-        f"deterministic zeros {progress['deterministic_zeros']}, skipped snippet calls {progress['snippet_calls_skipped']}, "
-        f"failed {progress['judgments_failed']}",
-        highlight=False,
-    )
-
-
-@app.command()
+@app.command(cls=Command)
 def serve(
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -309,7 +271,7 @@ def _worker_configs() -> dict[str, Any]:
     return {c.queue: c for c in (VISITS, SNIPPETS, OUTCOMES, AGGREGATOR)}
 
 
-@app.command()
+@app.command(cls=Command)
 def worker(
     queues: Annotated[
         str | None,
@@ -381,7 +343,7 @@ def worker(
     )
 
 
-@db_app.command("upgrade")
+@db_app.command("upgrade", cls=Command)
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")] = "head") -> None:
     """Apply migrations up to REVISION (default: the latest) on DRCREDIT_DATABASE_URL."""
     from drcredit.storage.migrate import upgrade
@@ -395,7 +357,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
     err.print(f"database at revision {revision}")
 
 
-app.command("report")(report_command)
+app.command("report", cls=Command)(report_command)
 
 
 def main() -> None:

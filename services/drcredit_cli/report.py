@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import httpx
 import typer
@@ -13,6 +13,9 @@ from sqlalchemy.exc import OperationalError
 
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.settings import Settings
+
+if TYPE_CHECKING:
+    from drcredit_api.ui.report import Fetch
 
 err = Console(stderr=True)
 
@@ -28,7 +31,7 @@ def report(
     tenant: Annotated[str, typer.Option(help="Tenant whose data to read from the database.")] = "public",
 ) -> None:
     """Write the viewer's page of a GROUP or a RUN as one HTML file (charts included)."""
-    from drcredit_api.ui.report import database_fetch, remote_fetch, report_html
+    from drcredit_api.ui.report import database_fetch, remote_fetch
 
     if kind not in ("group", "run"):
         _fail(f"KIND must be group or run, got {kind!r}")
@@ -37,13 +40,13 @@ def report(
             key = os.environ.get("DRCREDIT_API_KEY")
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=120) as client:
-                html = report_html(kind, name, remote_fetch(client))
+                html = _html(kind, name, remote_fetch(client))
         else:
             from drcredit.storage.database import Database
 
             db = Database(Settings().resolved_database_url, 2)
             try:
-                html = report_html(kind, name, database_fetch(db, tenant, kind, name))
+                html = _html(kind, name, database_fetch(db, tenant, kind, name))
             finally:
                 db.dispose()
     except (LookupError, NotFound, NotReady) as exc:
@@ -54,6 +57,17 @@ def report(
     err.print(f"wrote {output} ({len(html) // 1024} KiB)")
 
 
-def _fail(message: str, code: int = 2) -> None:
+def _html(kind: str, name: str, fetch: Fetch) -> str:
+    """The page; an unknown run is refused first, naming the runs there are."""
+    from drcredit_api.ui.report import missing_run, report_html
+
+    if kind == "run":
+        problem = missing_run(name, fetch)
+        if problem is not None:
+            _fail(problem)
+    return report_html(kind, name, fetch)
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code=code)

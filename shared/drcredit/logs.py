@@ -8,10 +8,20 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 import structlog
 
 from drcredit.settings import Settings
+
+
+def drop_color_message(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """uvicorn passes each start and stop line a second time with ANSI colour codes, as the
+    record's ``color_message``; carried over as a field, it would put escape codes into
+    JSON and console logs alike. The plain message is the event."""
+    event.pop("color_message", None)
+    return event
 
 
 def configure_logging(settings: Settings, *, quiet: bool = False) -> None:
@@ -28,6 +38,7 @@ def configure_logging(settings: Settings, *, quiet: bool = False) -> None:
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso"),
         structlog.stdlib.ExtraAdder(),
+        drop_color_message,
     ]
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],

@@ -1,4 +1,4 @@
-"""Analytics endpoints (issue 14) on the hand-worked group, values computed by hand from SPEC.
+"""Analytics endpoints (issue 14) on the hand-worked group, values computed by hand from docs/method.md.
 
 The hand-worked group (tests/support/scenarios.py): rollout a's research turns are a
 search with one snippet match (u = 0.1), a visit with levels R1 2, R2 1 (u = 0.5 + 0.2 =

@@ -1,7 +1,7 @@
-"""Every endpoint of API.md against the real app, on SQLite and on Postgres.
+"""Every endpoint of the REST API (docs/api.md) against the real app, on SQLite and on Postgres.
 
 The judge is the scripted OpenAI-compatible server (``marker_answer``), so the expected
-credits below follow from the markers in the page and snippet text by SPEC's rules.
+credits below follow from the markers in the page and snippet text by the method's rules (docs/method.md).
 """
 
 from __future__ import annotations
@@ -80,6 +80,29 @@ def test_group_scoring_end_to_end(client: TestClient, marker_judge: JudgeServer)
         "snippet_calls_skipped": 0,
     }
     assert status["finished_at"] is not None and status["judge"]["model"] == "judge-test"
+
+
+def test_every_link_of_the_post_answer_leads_somewhere(client: TestClient) -> None:
+    """The answer's links are the group's paths, its page in the credit viewer included."""
+    doc = small_group("g-links", expected_rollouts=2)
+    second = doc["rollouts"].pop()
+    links = client.post("/v1/groups", json=doc).json()["links"]
+    base = "/v1/groups/g-links"
+    assert links == {
+        "status": base,
+        "advantages": f"{base}/advantages",
+        "credits": f"{base}/credits",
+        "rollouts": f"{base}/rollouts",
+        "viewer": "/ui/groups/g-links",
+    }
+    streamed = client.post(links["rollouts"], json=second)
+    assert streamed.status_code == 202 and streamed.json()["created"] is True
+    assert client.get(links["advantages"], params={"wait": 30}).status_code == 200
+    assert client.get(links["status"]).json()["status"] == "done"
+    assert client.get(links["credits"]).status_code == 200
+    page = client.get(links["viewer"])
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<code id="group-name">g-links</code>' in page.text
 
 
 def test_idempotent_repost_and_conflict(client: TestClient, marker_judge: JudgeServer) -> None:

@@ -133,3 +133,81 @@ def test_docs_work_offline(client: TestClient) -> None:
     for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
         src = next(part for part in page.split('"') if part.endswith(asset))
         assert client.get(src).status_code == 200, src
+
+
+def fresh_group(**extra: Any) -> dict[str, Any]:
+    """The hand-worked group as independent JSON (its builders share rubric dicts)."""
+    doc: dict[str, Any] = json.loads(json.dumps(hand_worked_group(**extra)))
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("turn", "message"),
+    [
+        ({"type": "browse", "reasoning": "r"}, "must be one of search, visit, answer, tool (got 'browse')"),
+        ({"type": 5}, "must be one of search, visit, answer, tool (got 5)"),
+        ({"reasoning": "no type"}, "field required: one of search, visit, answer, tool"),
+    ],
+)
+def test_a_wrong_turn_type_is_named_on_its_type_field(client: TestClient, turn: Any, message: str) -> None:
+    doc = fresh_group()
+    doc["rollouts"][1]["turns"][2] = turn
+    body = assert_error(client.post("/v1/groups", json=doc), 422, "rollouts[1].turns[2].type")
+    assert body["detail"] == [{"field": "rollouts[1].turns[2].type", "message": message}]
+    # The same words for a streamed rollout, relative to the rollout.
+    streaming = {**fresh_group(group_id="s-type"), "expected_rollouts": 3}
+    assert client.post("/v1/groups", json=streaming).status_code == 202
+    extra = {**fresh_group()["rollouts"][0], "id": "r9"}
+    extra["turns"][0] = turn
+    body = assert_error(client.post("/v1/groups/s-type/rollouts", json=extra), 422, "turns[0].type")
+    assert body["detail"] == [{"field": "turns[0].type", "message": message}]
+
+
+def test_a_turn_that_is_not_an_object_says_so(client: TestClient) -> None:
+    doc = fresh_group()
+    doc["rollouts"][0]["turns"][1] = "visit"
+    body = assert_error(client.post("/v1/groups", json=doc), 422, "rollouts[0].turns[1]")
+    assert body["detail"][0]["message"] == "must be a JSON object (got the string 'visit')"
+
+
+@pytest.mark.parametrize(
+    ("content", "got"),
+    [
+        (b"", "an empty body"),
+        (b"null", "null"),
+        (b"[]", "an array"),
+        (b"7", "the number 7"),
+        (b'"g"', "the string 'g'"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/groups", "/v1/batches", "/v1/groups/g1/replay"])
+def test_a_body_that_is_not_a_json_object_is_named_body(
+    client: TestClient, path: str, content: bytes, got: str
+) -> None:
+    r = client.post(path, content=content, headers={"content-type": "application/json"})
+    body = assert_error(r, 422, "body")
+    assert body["detail"] == [{"field": "body", "message": f"must be a JSON object (got {got})"}]
+    assert body["message"] == f"body: must be a JSON object (got {got})"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"cap": -1, "bogus": 1}, {"visit_levels": [0.5, 0.2, 0.1]}, {"attribution": "first", "discount": 2}],
+)
+def test_replay_and_sensitivity_name_parameters_as_a_posted_group_does(
+    client: TestClient, params: dict[str, Any]
+) -> None:
+    """The same bad parameters give the same fields and messages (``params.NAME``) whether
+    they come with a group, a replay of it, or a batch's sensitivity scenario."""
+    posted = client.post("/v1/groups", json=fresh_group(group_id="p2", params=params))
+    assert posted.status_code == 422, posted.text
+    expected = posted.json()["detail"]
+    assert expected and all(d["field"] == "params" or d["field"].startswith("params.") for d in expected)
+    assert (
+        client.post("/v1/batches", json={"batch_id": "pb", "groups": [fresh_group(group_id="p1")]}).status_code == 202
+    )
+    assert client.get("/v1/batches/pb/advantages", params={"wait": 60}).status_code == 200
+    replayed = client.post("/v1/groups/p1/replay", json={"params": params})
+    assert replayed.status_code == 422 and replayed.json()["detail"] == expected, replayed.text
+    scenario = client.post("/v1/batches/pb/sensitivity", json={"params": params})
+    assert scenario.status_code == 422 and scenario.json()["detail"] == expected, scenario.text

@@ -1,4 +1,4 @@
-"""The two outcome prompts (SPEC section 11) over real HTTP against the test's judge server."""
+"""The two outcome prompts (docs/method.md, "Outcome reward") over real HTTP against the test's judge server."""
 
 from __future__ import annotations
 

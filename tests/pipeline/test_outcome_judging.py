@@ -1,4 +1,4 @@
-"""The outcome reward computed by the service (SPEC section 11), end to end over the API.
+"""The outcome reward computed by the service (docs/method.md, "Outcome reward"), end to end over the API.
 
 The scripted judge answers from markers: ``[R1=3]`` in a report scores rubric R1 at 3,
 ``[support=2]`` in a page's evidence gives claims citing it 2 (the joint call takes the

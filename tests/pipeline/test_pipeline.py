@@ -163,7 +163,7 @@ def test_identical_requests_in_a_group_are_made_once(tmp_path: Path, marker_judg
 
 
 def test_an_identical_visit_at_another_position_is_the_same_request(tmp_path: Path, marker_judge: JudgeServer) -> None:
-    """The judge is not told where a turn sits (SPEC lists no position among its inputs),
+    """The judge is not told where a turn sits (docs/method.md lists no position among its inputs),
     so the same visit with the same (empty) history is one request wherever it occurs."""
     same = visit(page("W1", "https://x.org/1", "[R1:2:a]"))
     g = group(

@@ -800,7 +800,8 @@ def test_react_parallel_calls_and_final_text_without_answer_tags() -> None:
 
 
 def test_reports_keep_their_citation_markup() -> None:
-    """SPEC section 11 reads <cite id="...">...</cite> in the report: converters keep it as written."""
+    """The outcome reward (docs/method.md, "Outcome reward") reads <cite id="...">...</cite> in
+    the report: converters keep it as written."""
     report = '# Findings\n## Detail\nIt opened <cite id="W1, W2">in 2019</cite>.'
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"<answer>{report}</answer>"}]
     assert only_turn(chat)["answer"] == report

@@ -1,7 +1,7 @@
-"""One test per SPEC rule (sections 3-6), with expected numbers computed by hand.
+"""One test per rule of docs/method.md ("Visit credit" to "Advantages"), with expected numbers computed by hand.
 
 The judge's answers enter as ordinal levels and match counts (``Judgments``); every
-number asserted below is worked out in the test's docstring from SPEC's formulas.
+number asserted below is worked out in the test's docstring from the formulas of docs/method.md.
 """
 
 from __future__ import annotations
@@ -366,7 +366,7 @@ def test_discount_accumulates_backwards_within_the_rollout() -> None:
     d0 = ARG[0] + 0.5 * d1
     got = [t.discounted_process_advantage for t in adv.rollouts[0].turns]
     assert got[:3] == [pytest.approx(d0), pytest.approx(d1), pytest.approx(d2)] and got[3] is None
-    # process_advantage stays A_rg whatever the discount (API.md).
+    # process_advantage stays A_rg whatever the discount (docs/api.md).
     assert [t.process_advantage for t in adv.rollouts[0].turns[:3]] == [pytest.approx(x) for x in ARG]
     assert adv.rollouts[0].turns[0].advantage == pytest.approx(AO + d0)
 

@@ -1,4 +1,4 @@
-"""SPEC section 9: the evidence proxy, one rule per test, values computed by hand."""
+"""The evidence proxy (docs/method.md, "Evidence proxy"), one rule per test, values computed by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC section 8: unscorable turns and the three judge-failure policies, by hand.
+"""Unscorable turns and the three judge-failure policies (docs/method.md, "Judge failures"), by hand.
 
 Failed judgments enter the credit math as level 0 / no matches under every policy (the
 calls made are the same); ``Judgments.failed_*`` names them. Every number below is

@@ -116,7 +116,7 @@ def test_turn_field_errors_name_the_path_without_union_tags() -> None:
 
 def test_unknown_turn_type() -> None:
     got = problems(group_doc(rollout("a", {"type": "browse"}), rollout("b", answer())))
-    assert got[0].startswith("rollouts[0].turns[0]: Input tag 'browse' found using 'type' does not match")
+    assert got[0] == "rollouts[0].turns[0].type: must be one of search, visit, answer, tool (got 'browse')"
 
 
 def test_group_id_pattern() -> None:

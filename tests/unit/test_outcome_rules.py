@@ -1,4 +1,4 @@
-"""One test per rule of SPEC section 11 (the outcome reward), numbers worked out by hand."""
+"""One test per rule of the outcome reward (docs/method.md, "Outcome reward"), numbers worked out by hand."""
 
 from __future__ import annotations
 

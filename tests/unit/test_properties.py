@@ -1,6 +1,6 @@
 """Property tests of the pure core (``drcredit.domain``) over random valid groups.
 
-A strategy draws a whole rollout group (SPEC section 1), scoring parameters (section 7)
+A strategy draws a whole rollout group (docs/method.md, "Input"), scoring parameters (docs/parameters.md)
 and ordinal judgments consistent with both (a level for every judged visit, a match
 count for every planned snippet call), then checks invariants of sections 3-6 that hold
 for any input: advantages are finite, normalization is centred and scaled, rollout order
@@ -30,7 +30,7 @@ from drcredit.domain.params import ScoringParams
 
 SETTINGS = settings(max_examples=150, deadline=None)
 
-#: A small URL pool, with variants that normalize to the same URL (SPEC section 2),
+#: A small URL pool, with variants that normalize to the same URL (docs/method.md, "URL normalization"),
 #: so that visits often match earlier search results.
 URL_POOL = (
     "https://a.org/x",
@@ -247,7 +247,7 @@ def test_every_advantage_is_finite(case: Case) -> None:
 def test_process_advantages_are_centred_and_scaled(case: Case) -> None:
     """Over the pooled non-final turns: A_rg has mean 0 and population std 1 when
     sigma_rg >= 1e-12, and is 0 everywhere otherwise; with gamma = 0 the process
-    advantage D equals A_rg, and the fused advantage is A_o + w D (SPEC section 6)."""
+    advantage D equals A_rg, and the fused advantage is A_o + w D (docs/method.md, "Advantages")."""
     _, adv = score(case)
     turns = [(r, t) for r in adv.rollouts for t in r.turns if t.credit is not None]
     assert adv.stats.research_turns == len(turns)

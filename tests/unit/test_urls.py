@@ -1,4 +1,4 @@
-"""SPEC section 2: URL normalization, one row per rule."""
+"""URL normalization (docs/method.md, "URL normalization"), one row per rule."""
 
 from __future__ import annotations
 

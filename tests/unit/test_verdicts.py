@@ -1,4 +1,4 @@
-"""SPEC sections 3-4: validation of the judge's answers, one test per rule."""
+"""Validation of the judge's answers (docs/method.md, "Visit credit" and "Search credit"), one test per rule."""
 
 from __future__ import annotations
 

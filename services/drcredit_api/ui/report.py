@@ -12,7 +12,7 @@ from urllib.parse import quote
 import httpx
 
 from drcredit.analytics.evidence import evidence_document
-from drcredit.analytics.runs import run_document
+from drcredit.analytics.runs import list_runs, run_document
 from drcredit.analytics.sensitivity import batch_sensitivity
 from drcredit.domain.evidence import DEFAULT_BUDGETS
 from drcredit.scoring import documents
@@ -21,6 +21,8 @@ from drcredit_api.ui.pages import render
 
 #: Batches of a run whose sensitivity table a report includes (the latest ones).
 REPORT_BATCHES = 20
+#: Known runs an unknown run's error names (the newest ones).
+NAMED_RUNS = 20
 
 Fetch = Callable[[str], dict[str, Any]]
 
@@ -73,6 +75,8 @@ def database_fetch(db: Database, tenant: str, kind: str, name: str) -> Fetch:
                 return documents.credits_document(s, documents.find_group(s, tenant, name, full=True))
             if path.endswith("/evidence"):
                 return evidence_document(s, documents.find_group(s, tenant, name), DEFAULT_BUDGETS)
+            if path == "/v1/runs":
+                return list_runs(s, tenant)
             if path.endswith("/sensitivity"):
                 batch_id = path.split("/")[3]
                 from urllib.parse import unquote
@@ -81,6 +85,18 @@ def database_fetch(db: Database, tenant: str, kind: str, name: str) -> Fetch:
             return run_document(s, tenant, name, DEFAULT_BUDGETS)
 
     return fetch
+
+
+def missing_run(name: str, fetch: Fetch) -> str | None:
+    """Why ``name`` is not a run the reader can see, naming the runs it can; None when it is."""
+    runs = [r["run"] for r in fetch("/v1/runs")["runs"]]
+    if name in runs:
+        return None
+    if not runs:
+        return f"run {name!r} not found: no run is stored yet (a group joins a run through its metadata.run)"
+    shown = ", ".join(runs[:NAMED_RUNS])
+    more = f" and {len(runs) - NAMED_RUNS} more" if len(runs) > NAMED_RUNS else ""
+    return f"run {name!r} not found; known runs, newest first: {shown}{more}"
 
 
 def report_html(kind: str, name: str, fetch: Fetch) -> str:

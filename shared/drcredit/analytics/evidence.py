@@ -1,4 +1,4 @@
-"""A group's evidence proxy (SPEC section 9) from its stored per-turn credits."""
+"""A group's evidence proxy (docs/method.md, "Evidence proxy") from its stored per-turn credits."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sensitivity replay pooled over a batch's groups (SPEC section 10, the paper's Table 6).
+"""Sensitivity replay pooled over a batch's groups (docs/method.md, "Sensitivity replay"; the paper's Table 6).
 
 Each scenario changes only the credit parameters; every done group of the batch is
 replayed from its stored judgments and the corresponding turns of all groups are pooled.

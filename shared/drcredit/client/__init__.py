@@ -1,4 +1,4 @@
-"""Client SDK of the DrCredit scoring service (the REST contract of API.md), on httpx.
+"""Client SDK of the DrCredit scoring service (the REST contract of docs/api.md), on httpx.
 
     from drcredit.client import DrCreditClient
 

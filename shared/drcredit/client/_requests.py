@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 from urllib.parse import quote
 
-#: The service's id pattern (API.md): ids the client makes must be accepted as they are.
+#: The service's id pattern (docs/api.md): ids the client makes must be accepted as they are.
 ID_PATTERN = re.compile(r"^[A-Za-z0-9\-_.:]{1,128}$")
 
 

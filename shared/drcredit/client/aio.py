@@ -19,7 +19,7 @@ __all__ = ["AsyncDrCreditClient"]
 
 
 class AsyncDrCreditClient:
-    """Asyncio client of the DrCredit REST API (API.md); the same methods as
+    """Asyncio client of the DrCredit REST API (docs/api.md); the same methods as
     :class:`DrCreditClient`, awaited.
 
     Give every group and batch an id you can recompute (``f"{run}-step{step}-q{i}"``):

@@ -1,4 +1,4 @@
-"""What an advantages document says about failed judgments (SPEC section 8).
+"""What an advantages document says about failed judgments (docs/method.md, "Judge failures").
 
 A trainer reads failures where it reads the numbers: every turn carries ``unscorable``
 and every group its judgment counts (``progress``). ``wait_for_advantages`` and

@@ -19,7 +19,7 @@ __all__ = ["DrCreditClient"]
 
 
 class DrCreditClient:
-    """Blocking client of the DrCredit REST API (API.md).
+    """Blocking client of the DrCredit REST API (docs/api.md).
 
     Give every group and batch an id you can recompute (``f"{run}-step{step}-q{i}"``):
     re-posting an id with the same content is idempotent on the server, which is what makes

@@ -1,4 +1,4 @@
-"""Group normalization, discounting and fusion of credits (SPEC section 6)."""
+"""Group normalization, discounting and fusion of credits (docs/method.md, "Advantages")."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class TurnAdvantage:
     #: The discounted process advantage D (equal to A_rg when gamma = 0).
     discounted_process_advantage: float | None
     advantage: float
-    #: The credit depends on a failed judgment (SPEC section 8).
+    #: The credit depends on a failed judgment (docs/method.md, "Judge failures").
     unscorable: bool = False
 
 
@@ -93,7 +93,7 @@ def group_advantages(group: GroupContent, credits: Sequence[RolloutCredits], par
     """Fused per-turn advantages of every rollout in the group.
 
     Under ``on_judge_failure: exclude`` an unscorable turn is left out of ``mu_rg`` and
-    ``sigma_rg``, has no credit and an ``A_rg`` of 0 (SPEC section 8); under the other
+    ``sigma_rg``, has no credit and an ``A_rg`` of 0 (docs/method.md, "Judge failures"); under the other
     policies it is scored like any turn and only flagged.
     """
     by_id = {c.rollout_id: c for c in credits}
@@ -138,11 +138,11 @@ def group_advantages(group: GroupContent, credits: Sequence[RolloutCredits], par
 
 
 def outcome_advantages(rewards: Sequence[float | None]) -> tuple[float | None, float | None, list[float]]:
-    """(mu_o, sigma_o, A_o per rollout) over the rollouts that have a reward (SPEC section 6).
+    """(mu_o, sigma_o, A_o per rollout) over the rollouts that have a reward (docs/method.md, "Advantages").
 
     A group where no rollout has a reward has no outcome signal (``mu_o``/``sigma_o``
     None, every ``A_o`` 0). Rollouts without a reward among others (an unscorable judged
-    reward under ``exclude``, SPEC section 8) get ``A_o = 0`` and are left out of the
+    reward under ``exclude``, see docs/method.md, "Judge failures") get ``A_o = 0`` and are left out of the
     statistics; fewer than two rewards left give ``A_o = 0`` for all.
     """
     present = [float(r) for r in rewards if r is not None]

@@ -1,4 +1,4 @@
-"""A training step's groups posted in one call (API.md ``POST /v1/batches``)."""
+"""A training step's groups posted in one call (docs/api.md, ``POST /v1/batches``)."""
 
 from __future__ import annotations
 

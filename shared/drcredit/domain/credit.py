@@ -1,4 +1,4 @@
-"""Turn credits from stored ordinal judgments (SPEC sections 3, 4 and 5).
+"""Turn credits from stored ordinal judgments (docs/method.md: "Visit credit", "Search credit", "Turn credit").
 
 The judge's answers enter as plain numbers: a level 0/1/2 per (rollout, visit turn,
 positive rubric) and an accepted-match count per judged search turn. Everything else
@@ -48,7 +48,7 @@ def visited_urls(rollout: Rollout) -> set[str]:
 
 
 def navigation_links(rollout: Rollout, attribution: Literal["all", "latest"]) -> dict[int, list[int]]:
-    """Search turn index -> the later visit turns its results led to (SPEC section 4).
+    """Search turn index -> the later visit turns its results led to (docs/method.md, "Search credit").
 
     With ``all`` every earlier search that returned a called URL is linked to the visit;
     with ``latest`` only the latest such search before the visit, per called URL. Each
@@ -181,7 +181,7 @@ class TurnCredit:
     #: For a search whose needed snippet judgment was never made (replay only): the
     #: credit range it could have; ``credit`` is then the lower end.
     credit_upper_bound: float | None = None
-    #: The credit depends on a failed judgment (SPEC section 8); it is computed as under
+    #: The credit depends on a failed judgment (docs/method.md, "Judge failures"); it is computed as under
     #: policy ``zero`` and flagged, whatever the policy.
     unscorable: bool = False
 
@@ -203,7 +203,7 @@ class Judgments:
     ``visit_levels`` has a level for each judged (rollout, visit, positive rubric); a
     failed judgment counts as level 0. ``snippet_matches`` has the accepted-match count
     of each search turn that was judged (0 when failed). The ``failed_*`` sets name the
-    judgments that failed, which make their turns unscorable (SPEC section 8).
+    judgments that failed, which make their turns unscorable (docs/method.md, "Judge failures").
     """
 
     visit_levels: Mapping[VisitKey, int]
@@ -226,7 +226,7 @@ def rollout_credits(
     *,
     allow_missing_snippets: bool = False,
 ) -> RolloutCredits:
-    """Credits of every turn of one rollout (SPEC sections 3-5)."""
+    """Credits of every turn of one rollout (docs/method.md, "Visit credit" to "Turn credit")."""
     rubrics = group.positive_rubrics
     turns = rollout.turns
     out: dict[int, TurnCredit] = {}

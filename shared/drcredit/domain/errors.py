@@ -6,9 +6,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+#: The turn types, in the order the documents list them.
+TURN_TYPES = ("search", "visit", "answer", "tool")
 #: Union tags pydantic inserts into error locations of a discriminated union; they are
 #: not part of the document's shape, so paths skip them.
-TURN_TAGS = frozenset({"search", "visit", "answer", "tool"})
+TURN_TAGS = frozenset(TURN_TYPES)
+#: Pydantic's error types for a value that should have been an object (a model).
+_NOT_AN_OBJECT = frozenset({"model_type", "model_attributes_type", "dict_type"})
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,15 @@ def errors_from_pydantic(errors: Iterable[Mapping[str, Any]], strip: int = 0) ->
                 path = ".".join(p for p in (prefix, str(field)) if p).replace(".[", "[")
                 result.append(FieldError(path, str(detail)))
             continue
+        tagged = _union_tag_error(err, prefix)
+        if tagged is not None:
+            result.append(tagged)
+            continue
         message = str(err.get("msg", "invalid value"))
         message = message.removeprefix("Value error, ")
-        if err.get("type") == "missing":
+        if err.get("type") in _NOT_AN_OBJECT:
+            message = f"must be a JSON object (got {json_kind(err.get('input'))})"
+        elif err.get("type") == "missing":
             message = "field required"
         elif err.get("type") == "extra_forbidden":
             message = "unknown field"
@@ -75,6 +85,41 @@ def errors_from_pydantic(errors: Iterable[Mapping[str, Any]], strip: int = 0) ->
             message = f"{message} (got {_short(err['input'])})"
         result.append(FieldError(prefix, message))
     return result
+
+
+def _union_tag_error(err: Mapping[str, Any], prefix: str) -> FieldError | None:
+    """A turn whose ``type`` is missing or unknown, named on its ``type`` field.
+
+    Pydantic reports these on the turn itself, with the union's internals in the message
+    ("Input tag 'browse' found using 'type' does not match any of the expected tags").
+    """
+    kind = err.get("type")
+    if kind not in ("union_tag_invalid", "union_tag_not_found"):
+        return None
+    ctx = err.get("ctx") or {}
+    tag_field = str(ctx.get("discriminator", "type")).strip("'\"")
+    field = f"{prefix}.{tag_field}" if prefix else tag_field
+    expected = ", ".join(TURN_TYPES)
+    if kind == "union_tag_not_found":
+        return FieldError(field, f"field required: one of {expected}")
+    value = err.get("input")
+    got = value.get(tag_field, ctx.get("tag")) if isinstance(value, Mapping) else ctx.get("tag")
+    return FieldError(field, f"must be one of {expected} (got {_short(got)})")
+
+
+def json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words (``null``, ``an array``, ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {_short(value, 40)}"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return type(value).__name__
 
 
 def _short(value: Any, limit: int = 80) -> str:

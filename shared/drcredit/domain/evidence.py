@@ -1,4 +1,4 @@
-"""The evidence proxy of SPEC section 9: how fast rollouts gather evidence, per turn budget.
+"""The evidence proxy (docs/method.md, "Evidence proxy"): how fast rollouts gather evidence per budget.
 
 A research turn (``search`` or ``visit``) contributes ``u``: its uncapped visit credit,
 or its snippet credit (``eta`` times its accepted matches, uncapped); navigation credit is

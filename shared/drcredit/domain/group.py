@@ -1,4 +1,4 @@
-"""The rollout group a trainer posts (SPEC section 1), with every structural check.
+"""The rollout group a trainer posts (docs/method.md, "Input"), with every structural check.
 
 Field-level problems are pydantic errors; cross-field problems (duplicate ids, an
 ``answer`` that is not last, ...) are collected by :func:`group_problems` and raised
@@ -51,7 +51,7 @@ class Rubric(_Model):
 
     @property
     def positive(self) -> bool:
-        """Only positive-weight rubrics take part in process credit (SPEC section 1)."""
+        """Only positive-weight rubrics take part in process credit (docs/method.md, "Input")."""
         return self.weight > 0
 
 
@@ -92,7 +92,7 @@ class Page(_Model):
 
 
 def page_usable(error: str | None, evidence: str | None) -> bool:
-    """A page with no error and non-blank evidence (SPEC section 3)."""
+    """A page with no error and non-blank evidence (docs/method.md, "Visit credit")."""
     return not error and bool(evidence and evidence.strip())
 
 
@@ -144,7 +144,7 @@ class Rollout(_Model):
 
 
 class GroupContent(_Model):
-    """What is scored: the question, its rubrics and the rollouts (SPEC section 1)."""
+    """What is scored: the question, its rubrics and the rollouts (docs/method.md, "Input")."""
 
     question: Text
     rubrics: list[Rubric] = Field(min_length=1)
@@ -162,7 +162,7 @@ class GroupContent(_Model):
 
 
 class GroupIn(GroupContent):
-    """A group as posted: content plus ingest options (API.md)."""
+    """A group as posted: content plus ingest options (docs/api.md)."""
 
     group_id: GroupId | None = None
     params: ScoringParams = Field(default_factory=ScoringParams)
@@ -297,7 +297,7 @@ def group_problems(group: GroupIn) -> Iterator[FieldError]:
 
 
 def judged_reward_given(field: str) -> FieldError:
-    """With ``outcome_source: judge`` the service computes the reward (SPEC section 11)."""
+    """With ``outcome_source: judge`` the service computes the reward (docs/method.md, "Outcome reward")."""
     return FieldError(
         field, "must not be given with params.outcome_source 'judge': the service computes the outcome reward"
     )
@@ -320,7 +320,7 @@ def outcome_reward_problems(rollouts: list[Rollout], offset: int = 0) -> Iterato
     """``outcome_reward`` is optional for the group as a whole, not per rollout.
 
     A group where some rollouts carry a reward and others do not cannot be normalized
-    (SPEC section 6 needs all G rewards), so the missing ones are named. A group with no
+    (the outcome advantage needs all G rewards, docs/method.md, "Advantages"), so the missing ones are named. A group with no
     rewards at all is scored process-only with a zero outcome advantage.
     """
     have = [r.outcome_reward is not None for r in rollouts]

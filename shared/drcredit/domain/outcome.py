@@ -1,4 +1,4 @@
-"""The outcome reward the service computes itself (SPEC section 11), as pure functions.
+"""The outcome reward the service computes itself (docs/method.md, "Outcome reward"), as pure functions.
 
 Two kinds of judgment feed it: a 0-4 rubric-satisfaction score per (report, rubric with a
 non-zero weight) and a 0-2 support score per citation claim (one joint call with all its
@@ -33,7 +33,7 @@ JOINT = "joint"
 
 @dataclass(frozen=True)
 class Citation:
-    """One citation of a report: its claim and references, as SPEC section 11 reads them."""
+    """One citation of a report: its claim and references (docs/method.md, "Outcome reward")."""
 
     #: The SPAN with runs of white space collapsed and trimmed.
     claim: str
@@ -227,7 +227,7 @@ class ClaimScore:
 
 @dataclass(frozen=True)
 class OutcomeBreakdown:
-    #: None when the rollout's reward is unscorable under ``exclude`` (SPEC section 8).
+    #: None when the rollout's reward is unscorable under ``exclude`` (docs/method.md, "Judge failures").
     reward: float | None
     rubric: float
     format: float
@@ -259,7 +259,7 @@ def outcome_breakdown(
     length_cap: float,
     exclude: bool,
 ) -> OutcomeBreakdown:
-    """The reward of one rollout (SPEC section 11) and every part of it.
+    """The reward of one rollout (docs/method.md, "Outcome reward") and every part of it.
 
     ``rubric_scores``: per judged rubric id its 0-4 score, None when the judgment failed
     (0 under ``zero``; under ``exclude`` the reward is None). ``citation_scores``: per

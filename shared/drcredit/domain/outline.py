@@ -1,6 +1,6 @@
 """A rollout's outline: its turns with every text taken out, for the credit math.
 
-Credits and advantages (SPEC sections 3-6) depend on a rollout's shape, not its text:
+Credits and advantages (docs/method.md, "Visit credit" to "Advantages") depend on a rollout's shape, not its text:
 the turn types, the URLs searched and called, the result and page ids, errors, and
 whether each page is usable. The judgments carry everything the text contributed. An
 outline keeps exactly that shape, so aggregation and replay read a few hundred bytes
@@ -16,7 +16,7 @@ from typing import Any
 from drcredit.domain.group import page_usable
 
 #: The evidence an outline gives a usable page: non-blank, so that the page stays
-#: usable (SPEC section 3), and clearly not page text.
+#: usable (docs/method.md, "Visit credit"), and clearly not page text.
 USABLE_EVIDENCE = "[usable page]"
 
 

@@ -1,4 +1,4 @@
-"""Per-group scoring parameters (SPEC section 7) and the judge-failure policy (section 8)."""
+"""Per-group scoring parameters (docs/parameters.md) and the judge-failure policy (docs/method.md, "Judge failures")."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ JUDGMENT_PARAMETERS = frozenset({"history", "outcome_source"})
 
 
 class OutcomeWeights(BaseModel):
-    """Weights of the outcome reward's five components (SPEC section 11); omitted keys keep
+    """Weights of the outcome reward's five components (docs/method.md, "Outcome reward"); omitted keys keep
     their defaults."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -26,7 +26,7 @@ class OutcomeWeights(BaseModel):
 
 
 class ScoringParams(BaseModel):
-    """Every knob of the credit math; unknown names are rejected, defaults follow SPEC."""
+    """Every knob of the credit math; unknown names are rejected, defaults as docs/parameters.md lists them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -1,4 +1,4 @@
-"""How far a replay under other parameters moves the signal (SPEC section 10).
+"""How far a replay under other parameters moves the signal (docs/method.md, "Sensitivity replay").
 
 Compares a reference run with a replay over corresponding non-final turns: the
 1-Wasserstein distance between the pooled process-advantage distributions, the RMSE

@@ -1,8 +1,8 @@
-"""URL normalization for navigation credit and snippet eligibility (SPEC section 2).
+"""URL normalization for navigation credit and snippet eligibility (docs/method.md, "URL normalization").
 
 Parsing is the standard library's ``urllib.parse``; the rules applied on top are exactly
-SPEC's and nothing more (no percent-encoding or path-segment normalization), so that
-two URLs match here exactly when they match for any other implementation of SPEC.
+the documented ones and nothing more (no percent-encoding or path-segment normalization),
+so that two URLs match here exactly when they match for any other implementation of them.
 """
 
 from __future__ import annotations
@@ -69,6 +69,6 @@ def _normalize_netloc(netloc: str, original_scheme: str) -> str:
 
 
 def urls_match(a: str, b: str) -> bool:
-    """Whether two URLs name the same page under SPEC's rules (blank URLs match nothing)."""
+    """Whether two URLs name the same page under the documented rules (blank URLs match nothing)."""
     na = norm_url(a)
     return bool(na) and na == norm_url(b)

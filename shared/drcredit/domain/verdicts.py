@@ -1,4 +1,4 @@
-"""Validation of the judge's answers (SPEC sections 3 and 4), independent of any backend.
+"""Validation of the judge's answers (docs/method.md, "Visit credit" and "Search credit"), independent of any backend.
 
 A visit answer that breaks the rules raises :class:`InvalidAnswer` (the caller retries);
 snippet matches are accepted or rejected one by one, each rejection with its reason.
@@ -12,7 +12,7 @@ from typing import Any
 
 
 class InvalidAnswer(ValueError):
-    """The judge's answer does not satisfy SPEC; the reason is the message."""
+    """The judge's answer breaks the method's rules; the reason is the message."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def accept_snippet_matches(
     positive_rubric_ids: Collection[str],
     eligible_snippets: Mapping[str, str],
 ) -> SnippetVerdict:
-    """Apply SPEC section 4's acceptance rules to the judge's match list, in order.
+    """Apply the snippet acceptance rules (docs/method.md, "Search credit") to the judge's matches, in order.
 
     ``eligible_snippets`` maps each eligible result id to its snippet text. An answer
     that is not ``{"matches": [...]}`` raises :class:`InvalidAnswer`; a malformed entry
@@ -135,7 +135,7 @@ def accept_snippet_matches(
 
 @dataclass(frozen=True)
 class ScoreVerdict:
-    """An outcome judgment (SPEC section 11): a rubric's 0-4 satisfaction or a claim's 0-2 support."""
+    """An outcome judgment (docs/method.md, "Outcome reward"): a rubric's 0-4 satisfaction or a claim's 0-2 support."""
 
     score: int
     rationale: str = ""

@@ -1,7 +1,7 @@
 """The judge interface and the retry/validation loop every backend shares.
 
-A backend only turns a prompt into text (:meth:`Judge.acomplete`); parsing, SPEC
-validation, retries with backoff and the per-attempt record live here, so the offline
+A backend only turns a prompt into text (:meth:`Judge.acomplete`); parsing, the
+method's validation, retries with backoff and the per-attempt record live here, so the offline
 and OpenAI-compatible backends fail, retry and report in exactly the same way.
 
 The loop is asynchronous: a worker keeps hundreds of judgments in flight on one event

@@ -1,6 +1,6 @@
 """A circuit breaker per judge endpoint: a judge that cannot be reached is waited for.
 
-SPEC section 8 tells a judge that answered badly (invalid output, a 4xx) from one that
+The method (docs/method.md, "Judge failures") tells a judge that answered badly (invalid output, a 4xx) from one that
 cannot be reached (connection refused, DNS, timeouts, 5xx and 429 storms). A judgment
 whose retries all end unreachable opens the breaker instead of being recorded as failed.
 While it is open no judgment spends attempts: each waits, and one at a time is let

@@ -1,4 +1,4 @@
-"""The two outcome-judge prompts (SPEC section 11), written for this project.
+"""The two outcome-judge prompts (docs/method.md, "Outcome reward"), written for this project.
 
 Like the process prompts: instructions in a fixed system text, then one JSON document
 whose static parts come first (question and rubric, or the claim), with report and page

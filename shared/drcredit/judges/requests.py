@@ -18,9 +18,9 @@ JudgeKind = Literal["visit", "snippet", "rubric", "citation"]
 
 @dataclass(frozen=True)
 class VisitJudgeRequest:
-    """Everything the visit judge sees for one (visit, rubric) (SPEC section 3).
+    """Everything the visit judge sees for one (visit, rubric) (docs/method.md, "Visit credit").
 
-    No position in the rollout: SPEC does not give it to the judge, and without it the
+    No position in the rollout: the method does not give it to the judge, and without it the
     same visit with the same history is the same request wherever it occurs.
     """
 
@@ -36,7 +36,7 @@ class VisitJudgeRequest:
 
 @dataclass(frozen=True)
 class SnippetJudgeRequest:
-    """Everything the snippet judge sees for one search turn (SPEC section 4)."""
+    """Everything the snippet judge sees for one search turn (docs/method.md, "Search credit")."""
 
     question: str
     rubrics: tuple[Rubric, ...]
@@ -45,7 +45,7 @@ class SnippetJudgeRequest:
 
 @dataclass(frozen=True)
 class RubricJudgeRequest:
-    """One report against one rubric with a non-zero weight (SPEC section 11)."""
+    """One report against one rubric with a non-zero weight (docs/method.md, "Outcome reward")."""
 
     question: str
     rubric: Rubric

@@ -98,7 +98,7 @@ def status_document(s: Session, group: m.Group) -> dict[str, Any]:
         "rollouts_received": group.rollouts_received,
         "progress": progress(s, group),
         "judge": {"backend": group.judge_backend, "model": group.judge_model},
-        # Judgments of the group wait for a judge that cannot be reached (SPEC section 8).
+        # Judgments of the group wait for a judge that cannot be reached (docs/method.md, "Judge failures").
         "waiting_for_judge": {"since": _iso(group.judge_waiting_since), "reason": group.judge_waiting_reason}
         if group.judge_waiting_since is not None and group.status in ("queued", "running")
         else None,
@@ -137,7 +137,7 @@ def advantages_documents(s: Session, tenant: str, group_ids: Sequence[str]) -> d
 
 
 def advantages_document(s: Session, group: m.Group, counts: dict[str, int] | None = None) -> dict[str, Any]:
-    """API.md's advantages document for a done group, with its judgment counts."""
+    """The advantages document (docs/api.md) for a done group, with its judgment counts."""
     require_done(group)
     return _advantages(group, group.status, group.stats or {}, counts if counts is not None else progress(s, group))
 
@@ -266,7 +266,7 @@ def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
             entry["judgments"] = [_judgment(j) for j in by_turn.get((r.rollout_id, t.index), [])]
             turns.append(entry)
         entry = {"id": r.rollout_id, "turns": turns, "support_histories": histories.get(r.rollout_id, {})}
-        if r.outcome is not None:  # outcome_source judge: the reward's breakdown (SPEC section 11)
+        if r.outcome is not None:  # outcome_source judge: the reward's breakdown (docs/method.md, "Outcome reward")
             entry["outcome"] = r.outcome
         rollouts.append(entry)
     return {

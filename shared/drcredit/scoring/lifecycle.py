@@ -92,7 +92,7 @@ class UnitLifecycle:
             outcome = "stopped"
         except JudgeUnavailable as exc:
             # Past the outage deadline: the group fails with the reason, whatever the
-            # failure policy (SPEC section 8: an outage is never scored).
+            # failure policy (an outage is never scored: docs/method.md, "Judge failures").
             await engine.db(self.ctx.fail_group, ref.group_pk, str(exc))
             outcome = "noop"
         except Exception as exc:

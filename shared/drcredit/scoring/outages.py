@@ -1,4 +1,4 @@
-"""What a process tells others about a judge outage (SPEC section 8).
+"""What a process tells others about a judge outage (docs/method.md, "Judge failures").
 
 The judge's circuit breaker (drcredit.judges.breaker) makes judgments wait while the
 judge cannot be reached. This part makes the wait visible: the endpoint's state goes to

@@ -1,4 +1,4 @@
-"""The outcome half of a group (SPEC section 11): planning, stored judgments, rewards.
+"""The outcome half of a group (docs/method.md, "Outcome reward"): planning, stored judgments, rewards.
 
 With ``outcome_source: judge`` every rollout with a report gets one ``outcome`` unit
 (drcredit.scoring.outcome_unit) that judges the report against each rubric with a

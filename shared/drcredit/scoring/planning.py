@@ -65,7 +65,7 @@ def store_rollouts(
     if not items:
         return  # a streaming group opened with no rollout yet
     params = params_of(group)
-    # The outcome half (SPEC section 11): what each report's reward reads, kept at ingest.
+    # The outcome half (docs/method.md, "Outcome reward"): what each report's reward reads, kept at ingest.
     judged = params.outcome_source == "judge"
     facts = {item.rollout.id: report_facts(item.rollout) for item in items} if judged else {}
     # Twins are known exactly when the whole group arrives at once.

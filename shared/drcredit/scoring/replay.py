@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from drcredit.domain.advantages import GroupAdvantages, group_advantages
 from drcredit.domain.credit import Judgments, RolloutCredits, group_credits
-from drcredit.domain.errors import FieldError, InvalidInput
+from drcredit.domain.errors import FieldError, InvalidInput, errors_from_pydantic
 from drcredit.domain.group import GroupContent
 from drcredit.domain.params import JUDGMENT_PARAMETERS, ScoringParams
 from drcredit.domain.sensitivity import Sensitivity, compare, worst_case
@@ -47,7 +48,16 @@ def replay_group(s: Session, group: m.Group, overrides: dict[str, Any]) -> Repla
     require_done(group)
     reference_params = params_of(group)
     merged = {**reference_params.model_dump(mode="json"), **overrides}
-    params = ScoringParams.model_validate(merged)
+    try:
+        params = ScoringParams.model_validate(merged)
+    except ValidationError as exc:
+        # Named as POST /v1/groups names them: the overrides are the body's ``params``.
+        raise InvalidInput(
+            [
+                FieldError(f"params.{e.field}" if e.field else "params", e.message)
+                for e in errors_from_pydantic(exc.errors())
+            ]
+        ) from None
     for name in JUDGMENT_PARAMETERS:
         if getattr(params, name) != getattr(reference_params, name):
             raise InvalidInput(
@@ -62,7 +72,7 @@ def replay_group(s: Session, group: m.Group, overrides: dict[str, Any]) -> Repla
     reference = group_advantages(content, group_credits(content, judgments, reference_params), reference_params)
     if params.outcome_source == "judge":
         # The outcome reward under the replay's weights and caps, from the stored
-        # outcome judgments (SPEC section 11).
+        # outcome judgments (docs/method.md, "Outcome reward").
         rewards = {rid: b.reward for rid, b in group_breakdowns(s, group.id, content.rubrics, params).items()}
         content = content.model_copy(
             update={"rollouts": [r.model_copy(update={"outcome_reward": rewards.get(r.id)}) for r in content.rollouts]}
@@ -75,7 +85,7 @@ def replay_group(s: Session, group: m.Group, overrides: dict[str, Any]) -> Repla
 
 
 def pooled_sensitivity(replays: Sequence[Replayed]) -> Sensitivity:
-    """SPEC section 10 over several groups' corresponding turns; with any bounded turn,
+    """The sensitivity figures (docs/method.md, "Sensitivity replay") over several groups' turns; with any bounded turn,
     the worse of the low and high scenarios (a bound, not an exact figure)."""
     references = [r.reference for r in replays]
     low = compare(references, [r.low for r in replays])

@@ -1,6 +1,6 @@
 """Snippet calls that wait on visits: decided once the visits they depend on are judged.
 
-With ``skip_saturated_snippets`` (SPEC section 4) a search turn's snippet call is skipped
+With ``skip_saturated_snippets`` (docs/method.md, "Search credit") a search turn's snippet call is skipped
 when navigation credit already fills the turn's cap. That credit is known only once the
 visits of the turn's URLs are judged, so such a call is stored ``waiting`` at ingest and
 decided here, in the transaction that stores the deciding judgment (or by a sweep): it is
@@ -114,7 +114,7 @@ class SnippetRelease:
 
 
 def add_skipped(s: Session, skipped: Sequence[tuple[int, str, int]]) -> None:
-    """Record (group, rollout, search turn) snippet calls skipped as saturated (SPEC section 4)."""
+    """Record (group, rollout, search turn) snippet calls skipped as saturated (docs/method.md, "Search credit")."""
     if not skipped:
         return
     stamp = utcnow()

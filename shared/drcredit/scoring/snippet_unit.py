@@ -1,6 +1,6 @@
 """The ``snippet`` work unit: one search turn's unvisited results matched against the rubrics.
 
-One call per search turn with eligible results (SPEC section 4). Storing its answer
+One call per search turn with eligible results (docs/method.md, "Search credit"). Storing its answer
 finishes the unit in the same transaction, unless the failure policy is ``fail`` (a
 failed judgment must fail the group first). A unit may start ``waiting`` for the visits
 that decide whether it is needed (:mod:`drcredit.scoring.snippet_release`).

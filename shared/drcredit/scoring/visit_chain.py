@@ -1,6 +1,6 @@
 """The ``visit_chain`` work unit: one (rollout, positive rubric) pair's visits, judged in order.
 
-Visit credit is history-aware (SPEC section 3): each visit is judged against the support
+Visit credit is history-aware (docs/method.md, "Visit credit"): each visit is judged against the support
 the rubric gathered in the earlier visits of its rollout, so a chain's calls are
 sequential and each answer is stored before the next question is asked. To keep the
 judge busy anyway, the store of one answer overlaps the next call (its answer is all the

@@ -1,4 +1,4 @@
-"""Support histories (SPEC section 3), read back from the stored visit judgments.
+"""Support histories (docs/method.md, "Visit credit"), read back from the stored visit judgments.
 
 A rubric's history in a rollout is the support points of its level 1 and 2 visit
 judgments, in turn order: only one chain appends to it, one judgment at a time, so the

@@ -103,11 +103,11 @@ class Group(Base):
     #: finishing unit the only one that schedules aggregation.
     aggregation: Mapped[str] = mapped_column(String(16), default="pending")
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    #: The advantages document as served (API.md, JSON text), written with the results:
+    #: The advantages document as served (docs/api.md, JSON text), written with the results:
     #: a done group's document never changes, and a long-poll answers from this one
     #: column instead of the group's turns and judgment counts. Loaded only when asked.
     advantages_json: Mapped[str | None] = mapped_column(Text, deferred=True)
-    #: Set while a judgment of the group waits for an unreachable judge (SPEC section 8):
+    #: Set while a judgment of the group waits for an unreachable judge (docs/method.md, "Judge failures"):
     #: since when, and the judge's last error.
     judge_waiting_since: Mapped[datetime | None] = mapped_column()
     judge_waiting_reason: Mapped[str | None] = mapped_column(Text)
@@ -169,12 +169,12 @@ class Turn(Base):
     navigation_credit: Mapped[float | None] = mapped_column(Float)
     snippet_credit: Mapped[float | None] = mapped_column(Float)
     snippet_matches: Mapped[int | None] = mapped_column(Integer)
-    #: A_rg, the normalized credit (SPEC section 6).
+    #: A_rg, the normalized credit (docs/method.md, "Advantages").
     process_advantage: Mapped[float | None] = mapped_column(Float)
     #: D, the discounted process advantage (equal to A_rg when gamma = 0).
     discounted_process_advantage: Mapped[float | None] = mapped_column(Float)
     advantage: Mapped[float | None] = mapped_column(Float)
-    #: The credit depends on a failed judgment (SPEC section 8).
+    #: The credit depends on a failed judgment (docs/method.md, "Judge failures").
     unscorable: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
 
     rollout: Mapped[Rollout] = relationship(back_populates="turns")
@@ -198,8 +198,8 @@ class Judgment(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
-    #: visit | snippet | rubric | citation (the last two: outcome judgments, SPEC section
-    #: 11, on the answer turn; ``rubric_id`` holds the rubric id, or ``claim:call`` for a
+    #: visit | snippet | rubric | citation (the last two: outcome judgments, docs/method.md,
+    #: "Outcome reward", on the answer turn; ``rubric_id`` holds the rubric id, or ``claim:call`` for a
     #: citation call, and ``level`` the score)
     kind: Mapped[str] = mapped_column(String(16))
     rollout_id: Mapped[str] = mapped_column(String(256))

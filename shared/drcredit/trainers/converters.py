@@ -1,4 +1,4 @@
-"""Agent trajectories into the API's rollout format (SPEC section 1).
+"""Agent trajectories into the API's rollout format (docs/method.md, "Input").
 
 Two input shapes are read:
 

@@ -60,8 +60,8 @@ class DrCreditSettings:
         Keys: ``base_url`` (else ``$DRCREDIT_URL``, else the SDK's default), ``api_key`` (else
         ``$DRCREDIT_API_KEY``), ``timeout_s`` (else ``$DRCREDIT_WAIT_TIMEOUT_S``, else 1800: how
         long a training step waits for its batch), ``id_prefix`` (else ``$DRCREDIT_ID_PREFIX``:
-        prepended to group and batch ids, e.g. the run name), ``params`` (SPEC section 7
-        overrides for every group), ``search_tools`` / ``visit_tools`` (tool names, for the
+        prepended to group and batch ids, e.g. the run name), ``params`` (parameter
+        overrides for every group, docs/parameters.md), ``search_tools`` / ``visit_tools`` (tool names, for the
         agent loop's conversion), ``run`` (else ``$DRCREDIT_RUN``, else ``id_prefix`` without
         its trailing separator: the run the groups are filed under, with the trainer's step).
         """
@@ -129,7 +129,7 @@ def make_turn_record(
 ) -> dict[str, Any]:
     """The value stored under :data:`TURNS_KEY` for one sample.
 
-    ``turns`` are API turns (SPEC section 1). ``spans[t]`` is turn ``t``'s half-open token
+    ``turns`` are API turns (docs/method.md, "Input"). ``spans[t]`` is turn ``t``'s half-open token
     span ``[start, end)`` in the *response* tokens (index 0 = first response token), or None
     for a turn with no tokens in the response (cut by the response length). Turns made by one
     assistant message (several tool calls) share that message's span; its tokens then get the
@@ -341,7 +341,7 @@ def _groups(
                 raise ValueError(f"group {key!r}: rollout id {row.rollout_id!r} appears twice")
             seen.add(row.rollout_id)
         rewards = [row.outcome_reward for row in rows]
-        # With outcome_source "judge" the service computes the reward (SPEC section 11):
+        # With outcome_source "judge" the service computes the reward (docs/method.md, "Outcome reward"):
         # the trainer's own is not sent (the service would refuse it).
         judged = (params or {}).get("outcome_source") == "judge"
         docs = []

@@ -1,4 +1,4 @@
-"""Per-turn advantages onto per-token advantages (SPEC section 6, last paragraph).
+"""Per-turn advantages onto per-token advantages (docs/method.md, "Advantages", last paragraph).
 
 The service scores turns; a GRPO trainer's loss is over tokens. Every token the policy
 generated in a turn takes that turn's advantage, and tool-observation tokens (mask 0)

@@ -31,7 +31,7 @@ of rubric objects or its JSON text), or a ``drcredit`` column holding both; with
 ``question`` column the last user message of the prompt is the question.
 
 Caveats (see ``docs/trainers.md``): ``scale_rewards`` and ``multi_objective_aggregation`` no
-longer shape the advantages (the service normalizes, SPEC section 6); TRL's logged
+longer shape the advantages (the service normalizes, docs/method.md, "Advantages"); TRL's logged
 ``advantages`` column is its own, computed before the replacement; ``off_policy_mask_threshold``
 and ``loss_type="vespo"`` decide per token (by the sign of the token's turn advantage) instead
 of per sequence; any loss kernel that takes one advantage per sequence (a fused/Liger GRPO

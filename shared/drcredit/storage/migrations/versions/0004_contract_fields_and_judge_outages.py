@@ -1,9 +1,9 @@
 """process advantage pinned to A_rg, unscorable turns, judge outages
 
-API.md pins ``process_advantage`` to the normalized credit A_rg and names the discounted
+The API (docs/api.md) pins ``process_advantage`` to the normalized credit A_rg and names the discounted
 value ``discounted_process_advantage``: the columns are renamed to say so (the old
 ``normalized_credit`` held A_rg, the old ``process_advantage`` held D). Turns get the
-``unscorable`` flag of SPEC section 8; groups record a wait on an unreachable judge; the
+``unscorable`` flag (docs/method.md, "Judge failures"); groups record a wait on an unreachable judge; the
 ``judge_endpoints`` table keeps each endpoint's last known state.
 
 Revision ID: 0004
