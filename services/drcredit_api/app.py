@@ -78,6 +78,7 @@ def create_app(
     app.include_router(router)
     app.include_router(analytics.router)
     app.include_router(ui.router)
+    app.include_router(ui.root)
     app.mount("/ui/static", ui.static, name="ui-static")
     # Added last runs first: the access log wraps authentication, which runs before the
     # body limit reads anything.

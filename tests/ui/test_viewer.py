@@ -1,104 +1,26 @@
 """The credit viewer in a real browser (Debian's headless Chromium driven by Playwright),
-against a running service on Postgres with scored groups: every number a page shows is
-checked against what the JSON endpoints answer. Screenshots go to ``test-artifacts/``.
+against a running service on Postgres with scored groups (``conftest.py``): every number a
+page shows is checked against what the JSON endpoints answer. Screenshots go to
+``test-artifacts/``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
-from drcredit_api.app import create_app
-from tests.support.api import settings_for
-from tests.support.builders import group_doc
-from tests.support.infra import postgres_database
-from tests.support.judge_server import marker_script, running_judge
-from tests.support.live import serving
-from tests.support.scenarios import RUBRICS, hand_worked_group, rollout_a, rollout_b
-
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-K1, K2 = "k1", "k2"
+from tests.ui.helpers import K1, K2, Service, api, ready, shot, use_key
 
 
-@pytest.fixture(scope="module")
-def service() -> Iterator[dict[str, str]]:
-    with running_judge(marker_script) as judge, postgres_database() as db:
-        app = create_app(settings_for(db, judge.url, api_keys=f"t1:{K1},t2:{K2}"))
-        with serving(app) as url:
-            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {K1}"}, timeout=60) as c:
-                swapped = group_doc(
-                    {**rollout_a(), "outcome_reward": 0.0}, {**rollout_b(), "outcome_reward": 1.0}, rubrics=RUBRICS
-                )
-                step1 = {"run": "exp", "step": 1}
-                body = {
-                    "batch_id": "b1",
-                    "groups": [
-                        hand_worked_group(group_id="g1", metadata=step1),
-                        {**swapped, "group_id": "g2", "metadata": step1},
-                    ],
-                }
-                assert c.post("/v1/batches", json=body).status_code == 202
-                g3 = hand_worked_group(group_id="g3", metadata={"run": "exp", "step": 2})
-                assert c.post("/v1/groups", json=g3).status_code == 202
-                assert c.get("/v1/batches/b1/advantages", params={"wait": 60}).status_code == 200
-                assert c.get("/v1/groups/g3/advantages", params={"wait": 60}).status_code == 200
-            yield {"url": url, "db": db}
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), "Chromium is needed for the viewer tests (scripts/test installs it)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    p = context.new_page()
-    yield p
-    context.close()
-
-
-def api(service: dict[str, str], path: str, key: str = K1) -> Any:
-    r = httpx.get(service["url"] + path, headers={"Authorization": f"Bearer {key}"}, timeout=60)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def use_key(page: Page, url: str, key: str) -> None:
-    page.goto(url + "/ui")
-    page.fill("#key-input", key)
-    page.click("#key-form button")
-    page.wait_for_selector("body[data-ready]")
-
-
-def ready(page: Page) -> None:
-    page.wait_for_selector("body[data-ready]")
-    assert page.get_attribute("body", "data-ready") == "true", page.inner_text("#problem")
-
-
-def test_group_page_shows_the_documents_values(service: dict[str, str], page: Page) -> None:
-    use_key(page, service["url"], K1)
-    page.goto(service["url"] + "/ui/groups/g1")
+def test_group_page_shows_the_documents_values(service: Service, page: Page) -> None:
+    use_key(page, service.url, K1)
+    page.goto(service.url + "/ui/groups/g1")
     ready(page)
     adv = api(service, "/v1/groups/g1/advantages")
     credits = api(service, "/v1/groups/g1/credits")
@@ -138,9 +60,9 @@ def test_group_page_shows_the_documents_values(service: dict[str, str], page: Pa
     shot(page, "group-g1")
 
 
-def test_group_page_is_keyboard_navigable(service: dict[str, str], page: Page) -> None:
-    use_key(page, service["url"], K1)
-    page.goto(service["url"] + "/ui/groups/g1")
+def test_group_page_is_keyboard_navigable(service: Service, page: Page) -> None:
+    use_key(page, service.url, K1)
+    page.goto(service.url + "/ui/groups/g1")
     ready(page)
     page.focus('.cell[data-rollout="a"][data-kind="outcome"]')
     page.keyboard.press("ArrowRight")
@@ -152,10 +74,10 @@ def test_group_page_is_keyboard_navigable(service: dict[str, str], page: Page) -
     assert page.get_attribute('.cell[data-rollout="b"][data-turn="0"]', "aria-pressed") == "true"
 
 
-def test_run_page_charts_and_sensitivity_table(service: dict[str, str], page: Page) -> None:
-    use_key(page, service["url"], K1)
-    page.goto(service["url"] + "/ui")
-    page.click("text=exp")
+def test_run_page_charts_and_sensitivity_table(service: Service, page: Page) -> None:
+    use_key(page, service.url, K1)
+    page.goto(service.url + "/ui")
+    page.click('#runs a:text-is("exp")')
     ready(page)
     run = api(service, "/v1/runs/exp")
     calls = page.evaluate("() => document.getElementById('chart-calls').data[0].y")
@@ -183,30 +105,30 @@ def test_run_page_charts_and_sensitivity_table(service: dict[str, str], page: Pa
     assert page.url.endswith("/ui/groups/g3")
 
 
-def test_another_tenant_sees_nothing(service: dict[str, str], page: Page) -> None:
-    use_key(page, service["url"], K2)
+def test_another_tenant_sees_nothing(service: Service, page: Page) -> None:
+    use_key(page, service.url, K2)
     expect(page.locator("#runs tbody")).to_contain_text("no runs yet")
-    page.goto(service["url"] + "/ui/runs/exp")
+    page.goto(service.url + "/ui/runs/exp")
     page.wait_for_selector("body[data-ready]")
     expect(page.locator("#problem")).to_contain_text("not found")
-    page.goto(service["url"] + "/ui/groups/g1")
+    page.goto(service.url + "/ui/groups/g1")
     page.wait_for_selector("body[data-ready]")
     expect(page.locator("#problem")).to_contain_text("not found")
     assert page.locator(".cell").count() == 0
     shot(page, "wrong-tenant")
 
 
-def test_without_a_key_the_page_asks_for_one(service: dict[str, str], page: Page) -> None:
-    page.goto(service["url"] + "/ui/groups/g1")
+def test_without_a_key_the_page_asks_for_one(service: Service, page: Page) -> None:
+    page.goto(service.url + "/ui/groups/g1")
     page.wait_for_selector("body[data-ready]")
     expect(page.locator("#problem")).to_contain_text("needs an API key")
 
 
-def test_report_is_one_file_that_shows_the_same(service: dict[str, str], page: Page, tmp_path: Path) -> None:
+def test_report_is_one_file_that_shows_the_same(service: Service, page: Page, tmp_path: Path) -> None:
     out = tmp_path / "g1.html"
     env = {**os.environ, "DRCREDIT_API_KEY": K1}
     cli = [sys.executable, "-m", "drcredit_cli.main", "report"]
-    done = subprocess.run([*cli, "group", "g1", "-o", str(out), "--url", service["url"]], env=env, capture_output=True)
+    done = subprocess.run([*cli, "group", "g1", "-o", str(out), "--url", service.url], env=env, capture_output=True)
     assert done.returncode == 0, done.stderr
     html = out.read_text()
     assert "<script src=" not in html and "https://" not in html.split("window.DRCREDIT_DATA")[0]
@@ -220,7 +142,7 @@ def test_report_is_one_file_that_shows_the_same(service: dict[str, str], page: P
             assert float(cell.get_attribute("data-advantage") or "nan") == pytest.approx(t["advantage"])
     # From the database directly (no service), as the embedded mode's user would.
     run_out = tmp_path / "exp.html"
-    env = {**os.environ, "DRCREDIT_DATABASE_URL": service["db"]}
+    env = {**os.environ, "DRCREDIT_DATABASE_URL": service.db}
     done = subprocess.run([*cli, "run", "exp", "-o", str(run_out), "--tenant", "t1"], env=env, capture_output=True)
     assert done.returncode == 0, done.stderr
     page.goto(run_out.as_uri())

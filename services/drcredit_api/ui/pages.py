@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from functools import cache
 from importlib.resources import files
@@ -12,6 +13,9 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 STATIC = Path(__file__).parent / "static"
 TITLES = {"index": "runs", "group": "group", "run": "run"}
+#: The page scripts, in load order: the shared part first, each page's own after it.
+SCRIPTS = ("core.js", "glossary.js", "charts.js", "details.js", "group.js", "run.js", "index.js")
+FAVICON = STATIC / "favicon.svg"
 
 
 @cache
@@ -25,11 +29,13 @@ def plotly_js() -> Path:
 
 
 @cache
-def inline_assets() -> dict[str, str]:
+def inline_assets() -> dict[str, Any]:
     return {
         "css": (STATIC / "viewer.css").read_text(),
-        "js": (STATIC / "viewer.js").read_text(),
+        "scripts": [(STATIC / "js" / name).read_text() for name in SCRIPTS],
         "plotly": plotly_js().read_text(),
+        # A report fetches nothing, its icon included.
+        "favicon": "data:image/svg+xml;base64," + base64.b64encode(FAVICON.read_bytes()).decode(),
     }
 
 
@@ -51,6 +57,7 @@ def render(page: str, params: dict[str, str], *, base: str = "/ui", data: dict[s
             base=base,
             inline=inline,
             data=embedded,
+            scripts=SCRIPTS,
             assets=inline_assets() if inline else {},
         )
     )

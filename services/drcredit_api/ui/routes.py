@@ -7,10 +7,13 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
-from drcredit_api.ui.pages import STATIC, plotly_js, render
+from drcredit_api.ui.pages import FAVICON, STATIC, plotly_js, render
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 static = StaticFiles(directory=STATIC)
+#: Outside /ui: what a browser asks for by itself when a page names no icon (a JSON
+#: endpoint opened in a tab, for one).
+root = APIRouter(include_in_schema=False)
 
 
 @router.get("", response_class=HTMLResponse)
@@ -32,3 +35,8 @@ async def run_page(run: str) -> str:
 @router.get("/static/plotly.min.js")
 async def plotly() -> FileResponse:
     return FileResponse(plotly_js(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+
+@root.get("/favicon.ico")
+async def favicon() -> FileResponse:
+    return FileResponse(FAVICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})

@@ -1,0 +1,108 @@
+/* What every number of the viewer means, in one place: each number the pages show carries
+   its term (data-term) and its explanation (title, a tooltip), and each page ends with a
+   glossary of the terms it uses. The wording follows docs/method.md. */
+(function () {
+  "use strict";
+  const D = window.DrCredit;
+
+  const TERMS = {
+    // ---------------------------------------------------------------- advantages
+    fused: ["fused advantage", "What the trainer trains on for a turn (the cell colour and number): A_o + process_weight × D for a research turn, A_o alone for the answer turn."],
+    outcome_advantage: ["outcome advantage A_o", "The rollout's outcome reward standardized within the group: (reward − mu_o) / sigma_o; 0 when the rewards do not vary or the reward is unscorable."],
+    process_advantage: ["process advantage A_rg", "The turn's credit normalized within the group: (credit − mu_rg) / sigma_rg; 0 for every turn when the credits do not vary."],
+    discounted: ["discounted process advantage D", "A_rg discounted backwards along the rollout: D[t] = A_rg[t] + discount × D[t+1]; equal to A_rg under the default discount 0."],
+    mu_rg: ["mu_rg, sigma_rg", "Mean and population standard deviation of the credits of every research turn of the group, zero credits included."],
+    mu_o: ["mu_o, sigma_o", "Mean and sample standard deviation of the group's outcome rewards (an unscorable reward left out)."],
+    rollouts: ["rollouts", "Rollouts of the group: answers sampled for the same question."],
+    // ---------------------------------------------------------------- credits
+    credit: ["credit", "What a research turn earned for new support: visit credit for a visit, navigation plus snippet credit (capped at cap) for a search, 0 for any other tool call."],
+    visit_credit: ["visit credit (capped / uncapped)", "Sum over the positive rubrics of the contribution of each judged level (visit_levels), capped at cap; uncapped: the same sum before the cap."],
+    navigation_credit: ["navigation credit", "Capped credit of the later visits of this rollout that opened one of this search's result URLs, passed back to the search."],
+    snippet_credit: ["snippet credit", "snippet_weight per accepted snippet match: a result never opened whose snippet literally states a rubric's evidence, one match per rubric at most."],
+    snippet_matches: ["snippet matches", "Accepted snippet matches of this search (the judge's quote must appear in the snippet)."],
+    level: ["level", "The judge's answer for one rubric on one visit: 0 nothing new, 1 partial new support, 2 new support that settles the rubric."],
+    prior_support: ["support points before this visit", "Support points already credited to the rubric in this rollout: the history the visit was judged against."],
+    support_track: ["support track", "Support points credited to the rubric in this rollout up to and including the turn above; darker: more (the darkest is the group's longest history)."],
+    judgments: ["judgments", "Judge answers this turn's credit rests on (an answer reused from an identical request is marked so)."],
+    judge_calls: ["judge calls", "Requests actually sent to the judge (an answer reused from an identical request is not a call)."],
+    judgments_failed: ["failed judgments", "Judgments that still failed after their retries; the turns whose credit depends on them are unscorable."],
+    unscorable: ["unscorable turns", "Research turns whose credit depends on a failed judgment (hatched cells); on_judge_failure decides what they get."],
+    // ---------------------------------------------------------------- outcome reward
+    reward: ["outcome reward", "The rollout's reward for its report: the trainer's own, or with outcome_source judge the service's (select the outcome cell for its parts)."],
+    component_rubric: ["rubric (reward component)", "Sum of weight × score / 4 over the rubrics judged (penalties too), divided by the sum of the positive weights."],
+    component_format: ["format (reward component)", "Share of four checks passed: two Markdown heading levels; clean citation markup; search and visit calls of 1-2 non-blank queries or URLs (and a goal); reasoning on every turn."],
+    component_search: ["search (reward component)", "min(1, searches / search_cap), counting searches without an error that have a query."],
+    component_cite: ["cite (reward component)", "0.4 × r_id + 0.6 × r_semantic; 0 for a report without citations."],
+    component_length: ["length (reward component)", "min(1, words / length_cap), a citation counting as its text."],
+    weight: ["weight", "The component's weight in the reward (the group's outcome_weights)."],
+    contribution: ["weight × value", "The component's share of the reward: the five of them sum to the reward."],
+    r_id: ["r_id", "Share of the well-formed citation references (letters then digits) that resolve to a usable page of one of the rollout's visits."],
+    r_semantic: ["r_semantic", "Mean claim score over the scoreable claims judged; a claim whose call failed is left out."],
+    rubric_score: ["rubric score", "The judge's score of the report against one rubric, 0-4 (a satisfied penalty item lowers the reward)."],
+    rubric_weight: ["rubric weight", "The rubric's weight: above 0 a rubric to satisfy, 0 or below a penalty item."],
+    claim_joint: ["joint score", "One call with all the claim's resolving pages: 0 not supported, 1 partly, 2 every proposition supported."],
+    claim_pages: ["page scores", "With several resolving pages, each page judged alone, 0-2."],
+    claim_score: ["claim score", "Harmonic mean of joint / 2 and the share of pages scoring at least 1; 0 without a call when no reference resolves or the claim has no letter or digit."],
+    // ---------------------------------------------------------------- evidence
+    budget: ["budget b", "A number of research turns (search or visit) counted from a rollout's start."],
+    cumulative: ["C(b)", "Evidence gathered in the first b research turns: mean over rollouts of the summed uncapped visit credit and snippet credit of those turns (navigation credit left out: it repeats its visits' credit)."],
+    rate: ["U(b)", "Evidence per research turn: mean over rollouts of C_i(b) / min(b, T_i), T_i the rollout's research turns."],
+    // ---------------------------------------------------------------- runs
+    last_at: ["last group", "When the run's latest group was posted (UTC)."],
+    run_groups: ["groups", "Groups posted under the run's name (metadata.run)."],
+    run_steps: ["steps", "Training steps of the run: distinct metadata.step values of its groups."],
+    step: ["step", "A training step: the metadata.step of its groups."],
+    groups_done: ["groups done", "Groups of the step done, of those posted."],
+    trajectories: ["trajectories", "Rollouts of the done groups (per step in the table and charts)."],
+    process_calls: ["process calls / trajectory", "Visit and snippet judge calls per trajectory (requests actually sent)."],
+    outcome_calls: ["outcome calls / trajectory", "Rubric and citation judge calls per trajectory (groups with outcome_source judge)."],
+    latency: ["latency per trajectory", "Seconds from a rollout's arrival to its group's advantages: median (p50), 90th percentile (p90) and maximum."],
+    mean_credit: ["mean credit", "Mean credit of the research turns of the step's done groups."],
+    zero_credit: ["zero-credit share", "Share of those research turns whose credit is exactly 0."],
+    advantage_bins: ["turns per A_rg bin", "Research turns of the step whose process advantage A_rg falls in each bin (a bin holds its lower edge)."],
+    // ---------------------------------------------------------------- sensitivity
+    w1: ["W1", "1-Wasserstein distance between the batch's pooled process advantages under the setting and as scored."],
+    rmse: ["RMSE", "Root mean square difference of the process advantages over corresponding turns."],
+    process_sign: ["process sign agreement", "Share of turns whose A_rg keeps its sign under the setting (within 1e-6 of zero counts as neutral)."],
+    fused_sign: ["fused sign agreement", "Share of turns whose fused advantage keeps its sign under the setting."],
+    bound: ["≤ / ≥", "A bound, not an exact figure: the setting needs snippet judgments that were skipped under saturation, so the worse extreme is shown."],
+  };
+
+  function explanation(term) {
+    if (!TERMS[term]) throw new Error("no glossary entry for " + term);
+    return TERMS[term][1];
+  }
+
+  /* Marks node as showing the term: a key into the glossary and a tooltip with its
+     explanation, after what this one number is (detail) when given. */
+  function explain(node, term, detail) {
+    node.setAttribute("data-term", term);
+    node.setAttribute("title", (detail ? detail + ". " : "") + explanation(term));
+    return node;
+  }
+
+  /* A number with its term: <span data-term title>text</span>. */
+  function num(term, text, attrs) {
+    return explain(D.el("span", Object.assign({ class: "num", text: text }, attrs || {})), term);
+  }
+
+  /* Text taken verbatim from the documents (ids, claims, quotes): not a number to explain. */
+  function verbatim(text, tag) {
+    return D.el(tag || "span", { "data-text": "", text: text });
+  }
+
+  /* The page's glossary: every term it can show, named and explained. */
+  function glossary(terms) {
+    // The templates' own numbers (legends, table headings) name their term only.
+    document.querySelectorAll("[data-term]:not([title])").forEach((n) => explain(n, n.dataset.term));
+    const list = document.getElementById("glossary-list");
+    if (!list) return;
+    for (const term of terms) {
+      list.append(D.el("dt", { "data-term-def": term, text: TERMS[term][0] }),
+        D.el("dd", { text: explanation(term) }));
+    }
+  }
+
+  Object.assign(D, { TERMS: TERMS, explain: explain, explanation: explanation, num: num, verbatim: verbatim,
+    glossary: glossary });
+})();

@@ -1,0 +1,133 @@
+/* The run page: per step, the judge's cost, the latency, the credit and its failures as
+   charts; C(b) and U(b) of the steps picked; a table of the steps; the sensitivity table
+   of a batch of the run. */
+(function () {
+  "use strict";
+  const D = window.DrCredit;
+  const { el, fmt, pct, num, enc } = D;
+  const C = () => D.charts;
+  const TERMS = ["step", "run_groups", "groups_done", "trajectories", "process_calls", "outcome_calls", "judgments_failed", "unscorable",
+    "latency", "mean_credit", "zero_credit", "advantage_bins", "process_advantage", "budget", "cumulative", "rate",
+    "w1", "rmse", "process_sign", "fused_sign", "bound"];
+
+  async function runPage() {
+    const name = document.body.dataset.run;
+    const run = await D.load("/v1/runs/" + enc(name));
+    const steps = run.steps;
+    const trajectories = steps.reduce((a, s) => a + s.trajectories, 0);
+    const groups = steps.reduce((a, s) => a + s.groups, 0);
+    document.getElementById("run-summary").replaceChildren(num("step", D.plural(steps.length, "step")), " · ",
+      num("run_groups", D.plural(groups, "group")), " · ",
+      num("trajectories", D.plural(trajectories, "trajectory", "trajectories") + " scored"));
+    charts(steps);
+    curves(steps);
+    table(steps);
+    D.glossary(TERMS);
+    await sensitivity(steps);
+  }
+
+  function charts(steps) {
+    const { x, axis } = C().stepAxis(steps);
+    // Markers only while they stay apart; a long run draws lines.
+    const mode = steps.length > 50 ? "lines" : "lines+markers";
+    const line = (y, label, extra) => Object.assign({ x: x, y: y, name: label, mode: mode }, extra || {});
+    C().plot("chart-calls", [
+      line(steps.map((s) => s.judge_calls.process_per_trajectory), "process"),
+      line(steps.map((s) => s.judge_calls.outcome_per_trajectory), "outcome"),
+    ], { xaxis: axis, yaxis: C().axis("calls / trajectory", { rangemode: "tozero" }) });
+    const lat = (k) => steps.map((s) => (s.latency_per_trajectory_s ? s.latency_per_trajectory_s[k] : null));
+    C().plot("chart-latency", [line(lat("p50"), "p50"), line(lat("p90"), "p90"), line(lat("max"), "max")],
+      { xaxis: axis, yaxis: C().axis("seconds", { rangemode: "tozero" }) });
+    C().plot("chart-credit", [
+      line(steps.map((s) => s.mean_credit), "mean credit"),
+      line(steps.map((s) => s.zero_credit_share), "zero-credit share", { yaxis: "y2" }),
+    ], { xaxis: axis, yaxis: C().axis("mean credit", { rangemode: "tozero" }),
+      yaxis2: C().axis("zero-credit share", { overlaying: "y", side: "right", tickformat: ".0%", range: [0, 1],
+        tickmode: "linear", tick0: 0, dtick: 0.25, showgrid: false }) });
+    const failed = steps.map((s) => s.failed_judgments), unscorable = steps.map((s) => s.unscorable_turns);
+    C().plot("chart-failures", [
+      { x: x, y: failed, name: "failed judgments", type: "bar" },
+      { x: x, y: unscorable, name: "unscorable turns", type: "bar" },
+    ], { xaxis: axis, yaxis: C().countAxis("count", failed.concat(unscorable)), barmode: "group" });
+    const edges = steps.length ? steps[0].process_advantage.edges : [];
+    const bins = ["< " + edges[0]].concat(edges.slice(0, -1).map((e, i) => e + " to " + edges[i + 1]),
+      ["≥ " + edges[edges.length - 1]]);
+    const z = bins.map((_, b) => steps.map((s) => s.process_advantage.counts[b]));
+    const most = Math.max(1, ...z.flat());
+    C().plot("chart-advantage", [{
+      type: "heatmap", x: x, y: bins, z: z, colorscale: "Cividis", zmin: 0,
+      colorbar: { title: { text: "turns" }, tick0: 0, dtick: C().niceStep(most, 5), tickformat: "d" },
+    }], { xaxis: axis, yaxis: C().axis("A_rg", { type: "category" }) });
+  }
+
+  function curves(steps) {
+    const select = document.getElementById("steps-select");
+    steps.forEach(function (s, i) {
+      select.append(el("option", { value: i, text: "step " + (s.step === null ? "none" : s.step),
+        selected: i === 0 || i === steps.length - 1 ? "selected" : null }));
+    });
+    const draw = function () {
+      const chosen = Array.from(select.selectedOptions).map((o) => steps[Number(o.value)]);
+      const traces = (key) => chosen.map((s) => ({ x: s.evidence.map((p) => p.budget), y: s.evidence.map((p) => p[key]),
+        name: "step " + (s.step === null ? "none" : s.step), mode: "lines+markers" }));
+      const b = C().axis("b (research turns)", { dtick: 2 });
+      // The legend names the step even when only one is picked.
+      C().plot("chart-cb", traces("cumulative"), { xaxis: b, yaxis: C().axis("C(b)", { rangemode: "tozero" }), showlegend: true });
+      C().plot("chart-ub", traces("rate"), { xaxis: b, yaxis: C().axis("U(b)", { rangemode: "tozero" }), showlegend: true });
+    };
+    select.addEventListener("change", draw);
+    draw();
+  }
+
+  function cell(term, text) { return D.explain(el("td", { text: text }), term); }
+
+  function table(steps) {
+    const tbody = document.querySelector("#steps tbody");
+    for (const s of steps) {
+      const links = el("td", {}, s.group_ids.map((g, i) => {
+        const a = D.DATA ? D.verbatim(g) : el("a", { href: D.base + "/groups/" + enc(g), "data-text": "", text: g });
+        return i ? [" ", a] : [a];
+      }).flat());
+      tbody.append(el("tr", { "data-step": s.step }, [
+        cell("step", s.step === null ? "none" : s.step), cell("groups_done", s.groups_done + "/" + s.groups),
+        cell("trajectories", s.trajectories), cell("process_calls", fmt(s.judge_calls.process_per_trajectory)),
+        cell("outcome_calls", fmt(s.judge_calls.outcome_per_trajectory)), cell("judgments_failed", s.failed_judgments),
+        cell("unscorable", s.unscorable_turns),
+        cell("latency", s.latency_per_trajectory_s ? fmt(s.latency_per_trajectory_s.p50) : "–"),
+        cell("mean_credit", fmt(s.mean_credit, 3)), cell("zero_credit", pct(s.zero_credit_share)), links,
+      ]));
+    }
+  }
+
+  async function sensitivity(steps) {
+    const batches = [...new Set(steps.flatMap((s) => s.batches))];
+    const form = document.getElementById("batch-picker");
+    if (!batches.length) {
+      // Nothing to pick: say how a run gets a batch instead of an empty picker.
+      form.hidden = true;
+      document.getElementById("sensitivity").hidden = true;
+      document.getElementById("no-batch").hidden = false;
+      return;
+    }
+    const bsel = document.getElementById("batch-select");
+    for (const b of batches) bsel.append(el("option", { value: b, text: b, "data-text": "" }));
+    const fill = async function () {
+      const sbody = document.querySelector("#sensitivity tbody");
+      const doc = await D.load("/v1/batches/" + enc(bsel.value) + "/sensitivity");
+      sbody.replaceChildren();
+      for (const row of doc.scenarios) {
+        const s = row.sensitivity;
+        const up = row.exact ? "" : "≤", down = row.exact ? "" : "≥";
+        const name = el("td", {}, [D.verbatim(row.name)]);
+        sbody.append(el("tr", { "data-scenario": row.name }, s ? [
+          name, cell("w1", up + fmt(s.wasserstein_1, 3)), cell("rmse", up + fmt(s.rmse, 3)),
+          cell("process_sign", down + pct(s.process_sign_agreement)), cell("fused_sign", down + pct(s.fused_sign_agreement)),
+        ] : [name, el("td", { colspan: 4, text: "no done group" })]));
+      }
+    };
+    bsel.addEventListener("change", () => fill().catch(D.showProblem));
+    await fill();
+  }
+
+  D.pages.run = runPage;
+})();

@@ -1,0 +1,74 @@
+"""One service for every viewer test (Postgres, the marker judge, two tenants), its groups
+scored once, and Debian's headless Chromium."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from drcredit_api.app import create_app
+from tests.support.api import settings_for
+from tests.support.builders import group_doc
+from tests.support.infra import postgres_database
+from tests.support.judge_server import marker_script, running_judge
+from tests.support.live import serving
+from tests.support.scenarios import RUBRICS, hand_worked_group, rollout_a, rollout_b
+from tests.ui.helpers import CHROMIUM, K1, K2, Service
+from tests.ui.scenarios import judged_group, long_group, step_group
+
+#: Steps of the long run: the charts must stay legible with this many.
+MANY_STEPS = 200
+
+
+def _seed(c: httpx.Client) -> None:
+    swapped = group_doc({**rollout_a(), "outcome_reward": 0.0}, {**rollout_b(), "outcome_reward": 1.0}, rubrics=RUBRICS)
+    step1 = {"run": "exp", "step": 1}
+    body = {
+        "batch_id": "b1",
+        "groups": [hand_worked_group(group_id="g1", metadata=step1), {**swapped, "group_id": "g2", "metadata": step1}],
+    }
+    assert c.post("/v1/batches", json=body).status_code == 202
+    posted = ["g3", "judged", "long"] + [f"many-{k}" for k in range(MANY_STEPS)]
+    groups = [
+        hand_worked_group(group_id="g3", metadata={"run": "exp", "step": 2}),
+        # a run of one step, posted without a batch
+        judged_group("judged", metadata={"run": "solo", "step": 3}),
+        long_group("long"),
+    ] + [step_group("many", k) for k in range(MANY_STEPS)]
+    for doc in groups:
+        assert c.post("/v1/groups", json=doc).status_code == 202, doc["group_id"]
+    assert c.get("/v1/batches/b1/advantages", params={"wait": 60}).status_code == 200
+    for group_id in posted:
+        r = c.get(f"/v1/groups/{group_id}/advantages", params={"wait": 60})
+        assert r.status_code == 200, r.text
+
+
+@pytest.fixture(scope="session")
+def service() -> Iterator[Service]:
+    with running_judge(marker_script) as judge, postgres_database() as db:
+        app = create_app(settings_for(db, judge.url, api_keys=f"t1:{K1},t2:{K2}"))
+        with serving(app) as url:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {K1}"}, timeout=60) as c:
+                _seed(c)
+            yield Service(url, db)
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    assert Path(CHROMIUM).exists(), "Chromium is needed for the viewer tests (scripts/test installs it)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    p = context.new_page()
+    yield p
+    context.close()
