@@ -48,6 +48,7 @@ __all__ = [
     "safe_id",
     "score_step",
     "score_token_rollouts",
+    "scored_from_documents",
     "token_values",
     "tool_call_message",
     "turns_to_train",
@@ -186,12 +187,23 @@ def score_token_rollouts(
         str(getattr(client, "base_url", "?")),
     )
     document = service.post_and_wait(client, groups, batch_id, deadline, progress=progress)
-    by_id = {d.get("group_id"): d for d in document.get("groups", []) if isinstance(d, Mapping)}
+    by_id = {str(d.get("group_id")): d for d in document.get("groups", []) if isinstance(d, Mapping)}
+    return scored_from_documents(rollouts, order, by_id, batch_id=batch_id)
+
+
+def scored_from_documents(
+    rollouts: Sequence[TokenRollout],
+    group_ids: Sequence[str],
+    documents: Mapping[str, Mapping[str, Any]],
+    *,
+    batch_id: str = "",
+) -> ScoredBatch:
+    """Per-token advantages and train masks of each row, from its group's advantages document."""
     out: list[npt.NDArray[np.float32]] = []
     masks: list[npt.NDArray[np.bool_]] = []
     excluded_masks: list[npt.NDArray[np.bool_]] = []
-    for row, group_id in zip(rollouts, order, strict=True):
-        doc = by_id.get(group_id)
+    for row, group_id in zip(rollouts, group_ids, strict=True):
+        doc = documents.get(group_id)
         if doc is None:
             raise ValueError(f"batch {batch_id}: the service returned no advantages for group {group_id}")
         values = turn_advantages(doc, row.rollout_id)
@@ -206,8 +218,8 @@ def score_token_rollouts(
         excluded = policy & (token_values(left_out, row.spans, row.policy_mask, where=where) >= 1.0)
         masks.append(policy & ~excluded)
         excluded_masks.append(excluded)
-    documents = {str(k): dict(v) for k, v in by_id.items()}
-    return ScoredBatch(batch_id, order, out, masks, documents, excluded_masks)
+    kept = {str(k): dict(v) for k, v in documents.items()}
+    return ScoredBatch(batch_id, list(group_ids), out, masks, kept, excluded_masks)
 
 
 def turns_to_train(document: Mapping[str, Any], rollout_id: str) -> list[bool]:
