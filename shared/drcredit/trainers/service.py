@@ -45,7 +45,8 @@ class StepDeadline:
     #: what is waiting, for the messages ("training step 12")
     label: str
     base_url: str
-    retry_every_s: float = RETRY_EVERY_S
+    #: pause between attempts while unreachable (default :data:`RETRY_EVERY_S`)
+    retry_every_s: float | None = None
     started: float = field(default_factory=time.monotonic)
     down_since: float | None = None
 
@@ -73,7 +74,7 @@ class StepDeadline:
                         f"({self.label}): {exc}. The step stops instead of training without advantages; "
                         "set unreachable_timeout_s (DRCREDIT_UNREACHABLE_TIMEOUT_S) to wait longer"
                     ) from exc
-                pause = min(self.retry_every_s, left)
+                pause = min(self.retry_every_s or RETRY_EVERY_S, left)
                 log.warning(
                     "DrCredit at %s cannot be reached while %s (%s): %s. Waiting %.0fs and trying again; "
                     "the step gives up in %.0fs (unreachable_timeout_s / DRCREDIT_UNREACHABLE_TIMEOUT_S)",
