@@ -6,12 +6,13 @@ Tokens here are characters (``decode`` joins them), so spans can be computed by 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from drcredit.trainers.converters import ConversionError, ToolNames
-from drcredit.trainers.segments import assistant_message, from_search_r1_text, record_from_tokens
+from drcredit.trainers.segments import assistant_message, from_search_r1_text, record_from_tokens, token_rollout
 
 
 def layout(parts: list[tuple[str, bool]]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
@@ -127,3 +128,47 @@ def test_from_search_r1_text() -> None:
         from_search_r1_text("<search>q</search><answer>x</answer>", rollout_id="r1")
     with pytest.raises(ConversionError, match="expected a string"):
         from_search_r1_text(None, rollout_id="r2")  # type: ignore[arg-type]
+
+
+def test_token_rollouts_scored_by_the_real_service(tmp_path: Path) -> None:
+    """The recipes' glue: rows from tokens, one step scored, per-token values per row."""
+    from drcredit.client import DrCreditClient
+    from drcredit.trainers.scoring import score_step
+    from drcredit.trainers.settings import DrCreditSettings
+    from drcredit.trainers.tokens import turn_advantages
+    from drcredit_api.app import create_app
+    from tests.support.api import settings_for
+    from tests.support.live import serving
+
+    rows, layouts = [], []
+    for k in range(3):
+        search = {"name": "search", "arguments": {"query": f"q{k}"}}
+        ids, mask, spans = layout(
+            [
+                (f"Look {k}.<tool_call>{json.dumps(search)}</tool_call>", True),
+                (f"<tool_response>{json.dumps(RESULTS)}</tool_response>", False),
+                (f"<answer>answer {k}</answer>", True),
+            ]
+        )
+        rows.append(
+            token_rollout(
+                "prompt-7",
+                f"r{k}",
+                ids,
+                mask,
+                decode,
+                question="What?",
+                rubrics=[{"id": "R1", "type": "factual", "description": "It says so.", "weight": 1.0}],
+                outcome_reward=float(k),
+            )
+        )
+        layouts.append((mask, spans))
+    database = f"sqlite:///{tmp_path / 'tokens.sqlite3'}"
+    with serving(create_app(settings_for(database, None))) as url, DrCreditClient(url) as client:
+        scored = score_step(rows, DrCreditSettings(base_url=url, timeout_s=60, run="recipes"), step=2)
+        document = client.advantages(scored.group_ids[0])
+    for k, (mask, spans) in enumerate(layouts):
+        values = turn_advantages(document, f"r{k}")
+        for value, (start, end) in zip(values, spans, strict=True):
+            assert scored.values[k][start:end].tolist() == pytest.approx([value] * (end - start))
+        assert not scored.values[k][[m == 0 for m in mask]].any()

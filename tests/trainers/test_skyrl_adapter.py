@@ -269,3 +269,13 @@ def test_service_down_stops_the_step(tokenizer: Any) -> None:
         with pytest.raises(DrCreditUnavailable, match="could not be reached"):
             asyncio.run(generator.generate(copy.deepcopy(batch)))
     client.close()
+
+
+def test_the_example_entrypoint_builds_on_skyrls_own() -> None:
+    """examples/skyrl/main_drcredit.py imports against the installed skyrl (it is not run: GPUs)."""
+    import runpy
+
+    from skyrl.train.entrypoints.main_base import BasePPOExp
+
+    names = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "skyrl" / "main_drcredit.py"))
+    assert issubclass(names["DrCreditPPOExp"], BasePPOExp) and callable(names["main"])

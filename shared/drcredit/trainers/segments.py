@@ -25,7 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from drcredit.trainers.converters import ConversionError, ToolNames, from_react_text
-from drcredit.trainers.records import conversation_record, error_record
+from drcredit.trainers.records import conversation_record, error_record, read_turn_record, record_spans
+from drcredit.trainers.scoring import TokenRollout
 from drcredit.trainers.steps import TEMPLATE_MARKER
 from drcredit.trainers.tokens import policy_spans
 
@@ -110,6 +111,38 @@ def record_from_tokens(
         if gap_end > end:
             messages.extend(tool_messages(plain_text(decode(ids[end:gap_end])), len(message.get("tool_calls") or [])))
     return conversation_record(messages, generations, tools=tools, question=question, rubrics=rubrics)
+
+
+def token_rollout(
+    group_key: str,
+    rollout_id: str,
+    response_ids: Sequence[int],
+    policy_mask: Sequence[int] | npt.NDArray[Any],
+    decode: Callable[[list[int]], str],
+    *,
+    question: str,
+    rubrics: Sequence[Mapping[str, Any]],
+    outcome_reward: float | None,
+    tools: ToolNames = ToolNames(),
+) -> TokenRollout:
+    """One token-level trajectory as a row for :func:`drcredit.trainers.scoring.score_step`.
+
+    The glue of a trainer without an adapter: build one row per sample (rows with the same
+    ``group_key`` form a group), score the step, and read ``scored.values[i]``, the ``i``-th
+    row's per-token advantages over its response (0 off the policy tokens).
+    """
+    where = f"group {group_key} rollout {rollout_id}"
+    record = read_turn_record(record_from_tokens(response_ids, policy_mask, decode, tools=tools), where)
+    return TokenRollout(
+        group_key=str(group_key),
+        rollout_id=str(rollout_id),
+        question=question,
+        rubrics=[dict(r) for r in rubrics],
+        turns=record["turns"],
+        spans=record_spans(record),
+        policy_mask=np.asarray(policy_mask, dtype=np.int64),
+        outcome_reward=outcome_reward,
+    )
 
 
 def from_search_r1_text(
