@@ -323,3 +323,11 @@ def test_request_options_leave_no_default_to_deep_copy(monkeypatch: pytest.Monke
     assert isinstance(options.timeout, NotGiven) and isinstance(options.headers, NotGiven)
     FinalRequestOptions.construct(method="post", url="u", content=b"{}")
     assert copies, "the check sees the deep copies of a default build"
+
+
+def test_an_openai_release_older_than_the_judge_needs_is_named_at_start() -> None:
+    from drcredit.judges.factory import check_openai_version
+
+    check_openai_version("3.57.0")
+    with pytest.raises(ValueError, match=r"needs the openai package 3\.54 or later; this environment has 2\.54\.0"):
+        check_openai_version("2.54.0")

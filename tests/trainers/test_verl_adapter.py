@@ -29,6 +29,7 @@ torch = pytest.importorskip("torch")
 
 
 from drcredit.client import DrCreditClient  # noqa: E402
+from drcredit.trainers import service  # noqa: E402
 from drcredit.trainers import verl as adapter  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
 from tests.trainers.tiny import byte_tokenizer  # noqa: E402
@@ -50,7 +51,7 @@ def env(service: str, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def recording(monkeypatch: pytest.MonkeyPatch) -> None:
     """The estimator makes its own client from config/env: make it one that records group ids."""
-    monkeypatch.setattr(adapter, "make_client", lambda settings: RecordingClient(settings.base_url))
+    monkeypatch.setattr(service, "make_client", lambda settings: RecordingClient(settings.base_url))
 
 
 @pytest.fixture(scope="module")

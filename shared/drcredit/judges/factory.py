@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from importlib import metadata
 
 from drcredit.judges.base import Judge, RetryPolicy
 from drcredit.settings import Settings
@@ -14,6 +15,7 @@ def build_judge(settings: Settings) -> Judge:
         from drcredit.judges.offline import OfflineJudge
 
         return OfflineJudge()
+    check_openai_version(metadata.version("openai"))
     from drcredit.judges.fleet.endpoints import parse_endpoints
     from drcredit.judges.fleet.rates import RateLimits
     from drcredit.judges.fleet.store import FleetStore, MemoryStore, RedisStore
@@ -44,3 +46,19 @@ def build_judge(settings: Settings) -> Judge:
         store=store,
         rates=RateLimits(settings.judge_rpm, settings.judge_tpm),
     )
+
+
+#: The oldest ``openai`` release the judge runs on (its httpx2 transport and aiohttp client).
+OPENAI_MINIMUM = (3, 54)
+
+
+def check_openai_version(installed: str) -> None:
+    """The judge needs ``openai`` 3.54 or later; an environment built for a trainer may
+    have an older one (the ``prime-rl`` extra pins openai below 3)."""
+    parts = tuple(int(p) for p in installed.split(".")[:2] if p.isdigit())
+    if parts < OPENAI_MINIMUM:
+        raise ValueError(
+            f"DRCREDIT_JUDGE=openai needs the openai package {'.'.join(map(str, OPENAI_MINIMUM))} or later;"
+            f" this environment has {installed} (the prime-rl extra pins openai below 3): run the service"
+            " from an environment without that extra"
+        )

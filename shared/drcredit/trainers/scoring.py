@@ -1,9 +1,12 @@
-"""What the VeRL and TRL adapters share: settings, turn records, scoring token rollouts.
+"""Scoring a step's token rollouts: groups posted as one batch, advantages spread over tokens.
 
 A trainer-side rollout is a token sequence plus, per turn, its API form and token span
-(a *turn record*). These helpers turn a step's rollouts into groups, post them as one
-batch through the SDK, wait, and spread each turn's advantage over its tokens. Nothing
-here imports a trainer library.
+(a *turn record*, :mod:`drcredit.trainers.records`). :func:`score_step` turns a step's
+rollouts into groups, posts them as one batch through the SDK, waits (riding out an outage
+of the service up to a deadline, :mod:`drcredit.trainers.service`) and spreads each turn's
+advantage over its tokens; :meth:`ScoredBatch.padded` lays the result out as a trainer's
+``(batch, length)`` arrays. Every adapter goes through here; nothing here imports a trainer
+library.
 """
 
 from __future__ import annotations
@@ -11,9 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,155 +22,39 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drcredit.trainers.converters import ConversionError, ToolNames, from_chat_messages, group_from_rollouts
+from drcredit.trainers import service
+from drcredit.trainers.converters import group_from_rollouts
+from drcredit.trainers.records import (
+    TURNS_KEY,
+    conversation_record,
+    error_record,
+    make_turn_record,
+    read_turn_record,
+    tool_call_message,
+)
+from drcredit.trainers.settings import DrCreditSettings, plain_value
 from drcredit.trainers.tokens import broadcast_advantages, turn_advantages
 
-#: Key of the per-sample turn record (VeRL ``extra_fields``/``non_tensor_batch``, TRL outputs).
-TURNS_KEY = "drcredit_turns"
+__all__ = [
+    "TURNS_KEY",
+    "DrCreditSettings",
+    "ScoredBatch",
+    "TokenRollout",
+    "conversation_record",
+    "error_record",
+    "make_turn_record",
+    "plain_value",
+    "read_turn_record",
+    "safe_id",
+    "score_step",
+    "score_token_rollouts",
+    "scored_from_documents",
+    "token_values",
+    "tool_call_message",
+    "turns_to_train",
+]
 
-RECORD_VERSION = 1
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
-
-
-# ----------------------------------------------------------------------------- settings
-
-
-@dataclass(frozen=True)
-class DrCreditSettings:
-    """Where the service is and how scoring is done; see :meth:`from_config`."""
-
-    base_url: str | None = None
-    api_key: str | None = None
-    timeout_s: float = 1800.0
-    id_prefix: str = ""
-    params: Mapping[str, Any] | None = None
-    tool_names: ToolNames = field(default_factory=ToolNames)
-    #: The training run the groups belong to (``metadata.run``, for the viewer and analytics).
-    run: str | None = None
-
-    def metadata(self, step: int | None) -> dict[str, Any] | None:
-        """``metadata.run`` and ``metadata.step`` of this step's groups (None without a run)."""
-        if not self.run:
-            return None
-        return {"run": self.run} if step is None else {"run": self.run, "step": int(step)}
-
-    @classmethod
-    def from_config(cls, config: Any = None) -> DrCreditSettings:
-        """Read ``config["drcredit"]`` (e.g. VeRL's ``algorithm`` section), then the environment.
-
-        Keys: ``base_url`` (else ``$DRCREDIT_URL``, else the SDK's default), ``api_key`` (else
-        ``$DRCREDIT_API_KEY``), ``timeout_s`` (else ``$DRCREDIT_WAIT_TIMEOUT_S``, else 1800: how
-        long a training step waits for its batch), ``id_prefix`` (else ``$DRCREDIT_ID_PREFIX``:
-        prepended to group and batch ids, e.g. the run name), ``params`` (parameter
-        overrides for every group, docs/parameters.md), ``search_tools`` / ``visit_tools`` (tool names, for the
-        agent loop's conversion), ``run`` (else ``$DRCREDIT_RUN``, else ``id_prefix`` without
-        its trailing separator: the run the groups are filed under, with the trainer's step).
-        """
-        section = _section(config)
-        defaults = ToolNames()
-        timeout = section.get("timeout_s", os.environ.get("DRCREDIT_WAIT_TIMEOUT_S"))
-        params = section.get("params")
-        prefix = str(section.get("id_prefix") or os.environ.get("DRCREDIT_ID_PREFIX") or "")
-        return cls(
-            base_url=_opt_str(section.get("base_url")) or os.environ.get("DRCREDIT_URL") or None,
-            api_key=_opt_str(section.get("api_key")) or os.environ.get("DRCREDIT_API_KEY") or None,
-            timeout_s=float(timeout) if timeout not in (None, "") else 1800.0,
-            id_prefix=prefix,
-            run=(_opt_str(section.get("run")) or os.environ.get("DRCREDIT_RUN") or prefix.rstrip("-_.:") or None),
-            params=plain_value(params) if params is not None else None,
-            tool_names=ToolNames(
-                search=tuple(plain_value(section.get("search_tools")) or defaults.search),
-                visit=tuple(plain_value(section.get("visit_tools")) or defaults.visit),
-            ),
-        )
-
-
-def _section(config: Any) -> dict[str, Any]:
-    if config is None:
-        return {}
-    getter = getattr(config, "get", None)
-    value = getter("drcredit", None) if callable(getter) else None
-    plain = plain_value(value) if value is not None else {}
-    if not isinstance(plain, dict):
-        raise ValueError(f"algorithm.drcredit must be a mapping, got {type(plain).__name__}")
-    return plain
-
-
-def plain_value(value: Any) -> Any:
-    """OmegaConf containers, numpy scalars/arrays and mappings as plain Python values."""
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    to_container = getattr(sys.modules.get("omegaconf"), "OmegaConf", None)
-    if to_container is not None and type(value).__module__.startswith("omegaconf"):
-        return to_container.to_container(value, resolve=True)
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Mapping):
-        return {str(k): plain_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain_value(v) for v in value]
-    return value
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value in (None, "") else str(value)
-
-
-# ----------------------------------------------------------------------------- the turn record
-
-
-def make_turn_record(
-    turns: Sequence[Mapping[str, Any]],
-    spans: Sequence[tuple[int, int] | Sequence[int] | None],
-    *,
-    question: str | None = None,
-    rubrics: Sequence[Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The value stored under :data:`TURNS_KEY` for one sample.
-
-    ``turns`` are API turns (docs/method.md, "Input"). ``spans[t]`` is turn ``t``'s half-open token
-    span ``[start, end)`` in the *response* tokens (index 0 = first response token), or None
-    for a turn with no tokens in the response (cut by the response length). Turns made by one
-    assistant message (several tool calls) share that message's span; its tokens then get the
-    mean of their advantages. ``question`` / ``rubrics`` may be copied here by the agent loop;
-    otherwise the estimator reads them from ``non_tensor_batch["extra_info"]``.
-    """
-    if len(turns) != len(spans):
-        raise ValueError(f"{len(turns)} turns but {len(spans)} spans: one span (or None) per turn")
-    return {
-        "version": RECORD_VERSION,
-        "turns": [dict(t) for t in turns],
-        "spans": [None if s is None else [int(s[0]), int(s[1])] for s in spans],
-        "question": question,
-        "rubrics": None if rubrics is None else [dict(r) for r in rubrics],
-        "error": None,
-    }
-
-
-def error_record(message: str) -> dict[str, Any]:
-    return {"version": RECORD_VERSION, "turns": [], "spans": [], "question": None, "rubrics": None, "error": message}
-
-
-def read_turn_record(value: Any, where: str) -> dict[str, Any]:
-    """A stored record back as a dict (it may have become a JSON string or an OmegaConf node)."""
-    if isinstance(value, (str, bytes)):
-        value = json.loads(value)
-    value = plain_value(value)
-    if not isinstance(value, dict) or "turns" not in value or "spans" not in value:
-        raise ValueError(
-            f"{where}: no DrCredit turn record under {TURNS_KEY!r} (got {type(value).__name__}); "
-            f"record the turns with an adapter's agent loop or write make_turn_record(...) into the sample"
-        )
-    if value.get("error"):
-        raise ValueError(f"{where}: the rollout's turns could not be recorded: {value['error']}")
-    if len(value["turns"]) != len(value["spans"]):
-        raise ValueError(f"{where}: {len(value['turns'])} turns but {len(value['spans'])} spans")
-    return value
-
-
-# ----------------------------------------------------------------------------- trainer-agnostic scoring
 
 
 @dataclass
@@ -204,10 +89,70 @@ class ScoredBatch:
     #: the service left out (:func:`turns_to_train`); the adapters mask the others out of
     #: the loss instead of training them on a made-up zero.
     train_masks: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+    #: the advantages document of each group, by group id
+    documents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per row, the policy tokens of turns the service left out (``train_masks``' complement
+    #: within the policy tokens)
+    excluded: list[npt.NDArray[np.bool_]] = field(default_factory=list)
 
     @property
     def excluded_tokens(self) -> int:
-        return int(sum(int(m.size - m.sum()) for m in self.train_masks))
+        return int(sum(int(m.sum()) for m in self.excluded))
+
+    def padded(
+        self, width: int, rows: Sequence[int] | None = None
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+        """``(advantages, keep)`` as ``(len(rows), width)`` arrays (all rows by default).
+
+        Values past a row's own length are 0 and a row longer than ``width`` is cut. ``keep``
+        is False exactly on the tokens of turns the service left out, so ``trainer_mask &=
+        keep`` is all an adapter does to take them out of the loss.
+        """
+        picked = list(range(len(self.values))) if rows is None else list(rows)
+        values = np.zeros((len(picked), width), dtype=np.float32)
+        keep = np.ones((len(picked), width), dtype=np.bool_)
+        for b, row in enumerate(picked):
+            row_values = self.values[row][:width]
+            values[b, : row_values.shape[0]] = row_values
+            if self.excluded:
+                left_out = self.excluded[row][:width]
+                keep[b, : left_out.shape[0]] = ~left_out
+        return values, keep
+
+
+def score_step(
+    rollouts: Sequence[TokenRollout],
+    settings: DrCreditSettings,
+    *,
+    client: Any = None,
+    step: int | None = None,
+    label: str | None = None,
+) -> ScoredBatch:
+    """Score one training step's rollouts with ``settings``: every adapter's single way in.
+
+    ``client`` defaults to one made from ``settings`` for this call (and closed after it).
+    ``step`` files the groups under ``settings.run`` at that step (``metadata``). Raises
+    rather than return a partial result: ``DrCreditTimeout`` past ``timeout_s``,
+    :class:`~drcredit.trainers.service.DrCreditUnavailable` past ``unreachable_timeout_s``
+    of outage, ``GroupFailed`` for a group the service failed.
+    """
+    own = client is None
+    client = service.make_client(settings) if own else client
+    try:
+        return score_token_rollouts(
+            rollouts,
+            client=client,
+            timeout_s=settings.timeout_s,
+            unreachable_timeout_s=settings.unreachable_timeout_s,
+            progress=settings.progress,
+            id_prefix=settings.id_prefix,
+            params=settings.params,
+            metadata=settings.metadata(step),
+            label=label or ("training step" if step is None else f"training step {step}"),
+        )
+    finally:
+        if own:
+            client.close()
 
 
 def score_token_rollouts(
@@ -218,27 +163,47 @@ def score_token_rollouts(
     id_prefix: str = "",
     params: Mapping[str, Any] | None = None,
     metadata: Any = None,
+    unreachable_timeout_s: float | None = None,
+    progress: bool = False,
+    label: str = "training step",
 ) -> ScoredBatch:
     """Post one group per ``group_key`` as one batch, wait, and return per-token advantages per row.
 
     ``client`` is a :class:`drcredit.client.DrCreditClient` (``submit_batch``, ``wait_for_batch``).
     Group and batch ids are content-addressed (``id_prefix`` + key + a hash of the group), so a
     retried step, or several data-parallel ranks posting the same groups, reuse the same
-    groups on the server instead of conflicting with them.
+    groups on the server instead of conflicting with them. ``unreachable_timeout_s`` (default
+    ``timeout_s``) bounds how long an unreachable service is waited for.
     """
     groups, order = _groups(rollouts, id_prefix, params, metadata)
     if not groups:
         return ScoredBatch("", [], [])
     digest = hashlib.sha256("\n".join(g["group_id"] for g in groups).encode()).hexdigest()[:24]
     batch_id = safe_id(f"{id_prefix}batch-{digest}")
-    answer = client.submit_batch(groups, batch_id=batch_id)
-    batch_id = str(answer.get("batch_id", batch_id)) if isinstance(answer, Mapping) else batch_id
-    document = client.wait_for_batch(batch_id, timeout=timeout_s)
-    by_id = {d.get("group_id"): d for d in document.get("groups", []) if isinstance(d, Mapping)}
+    deadline = service.StepDeadline(
+        timeout_s,
+        timeout_s if unreachable_timeout_s is None else unreachable_timeout_s,
+        label,
+        str(getattr(client, "base_url", "?")),
+    )
+    document = service.post_and_wait(client, groups, batch_id, deadline, progress=progress)
+    by_id = {str(d.get("group_id")): d for d in document.get("groups", []) if isinstance(d, Mapping)}
+    return scored_from_documents(rollouts, order, by_id, batch_id=batch_id)
+
+
+def scored_from_documents(
+    rollouts: Sequence[TokenRollout],
+    group_ids: Sequence[str],
+    documents: Mapping[str, Mapping[str, Any]],
+    *,
+    batch_id: str = "",
+) -> ScoredBatch:
+    """Per-token advantages and train masks of each row, from its group's advantages document."""
     out: list[npt.NDArray[np.float32]] = []
     masks: list[npt.NDArray[np.bool_]] = []
-    for row, group_id in zip(rollouts, order, strict=True):
-        doc = by_id.get(group_id)
+    excluded_masks: list[npt.NDArray[np.bool_]] = []
+    for row, group_id in zip(rollouts, group_ids, strict=True):
+        doc = documents.get(group_id)
         if doc is None:
             raise ValueError(f"batch {batch_id}: the service returned no advantages for group {group_id}")
         values = turn_advantages(doc, row.rollout_id)
@@ -250,8 +215,11 @@ def score_token_rollouts(
         out.append(token_values(values, row.spans, row.policy_mask, where=where))
         left_out = [0.0 if trained else 1.0 for trained in turns_to_train(doc, row.rollout_id)]
         policy = np.asarray(row.policy_mask).astype(np.bool_)
-        masks.append(policy & (token_values(left_out, row.spans, row.policy_mask, where=where) < 1.0))
-    return ScoredBatch(batch_id, order, out, masks)
+        excluded = policy & (token_values(left_out, row.spans, row.policy_mask, where=where) >= 1.0)
+        masks.append(policy & ~excluded)
+        excluded_masks.append(excluded)
+    kept = {str(k): dict(v) for k, v in documents.items()}
+    return ScoredBatch(batch_id, list(group_ids), out, masks, kept, excluded_masks)
 
 
 def turns_to_train(document: Mapping[str, Any], rollout_id: str) -> list[bool]:
@@ -364,51 +332,3 @@ def _groups(
 
 def safe_id(text: str) -> str:
     return _ID_CHARS.sub("-", text)[:128]
-
-
-def make_client(settings: DrCreditSettings) -> Any:
-    from drcredit.client import DrCreditClient
-
-    return DrCreditClient(settings.base_url, api_key=settings.api_key)
-
-
-def conversation_record(
-    messages: Sequence[Mapping[str, Any]],
-    generations: Sequence[tuple[tuple[int, int], int | None]],
-    *,
-    tools: ToolNames,
-    question: str | None = None,
-    rubrics: Sequence[Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """The turn record of a finished conversation (the generated messages, prompt excluded).
-
-    ``generations[g] = (span, message_position)``: the token span of the ``g``-th assistant
-    generation and the position in ``messages`` of the assistant message it produced. A
-    conversion failure becomes a record with ``error`` (the estimator then names the row).
-    """
-    try:
-        rollout = from_chat_messages(messages, rollout_id="r", tools=tools)
-    except ConversionError as exc:
-        return error_record(str(exc))
-    assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-    last = assistant[-1] if assistant else -1
-    spans: list[tuple[int, int] | None] = []
-    for span, position in generations:
-        if position is None:
-            continue
-        calls = messages[position].get("tool_calls") or []
-        count = len(calls) if calls else (1 if position == last else 0)
-        spans.extend([span] * count)
-    turns = rollout["turns"]
-    if len(spans) != len(turns):
-        return error_record(f"{len(turns)} turns for {len(spans)} recorded generation spans")
-    return make_turn_record(turns, spans, question=question, rubrics=rubrics)
-
-
-def tool_call_message(content: str, calls: Sequence[Any]) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content or ""}
-    if calls:
-        message["tool_calls"] = [
-            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-        ]
-    return message

@@ -52,17 +52,16 @@ import numpy as np
 import numpy.typing as npt
 
 from drcredit.trainers.converters import ToolNames
-from drcredit.trainers.scoring import (
+from drcredit.trainers.records import (
     TURNS_KEY,
-    DrCreditSettings,
-    ScoredBatch,
-    TokenRollout,
     conversation_record,
-    make_client,
+    error_record,
     make_turn_record,
     read_turn_record,
-    score_token_rollouts,
+    record_spans,
 )
+from drcredit.trainers.scoring import ScoredBatch, TokenRollout, score_step
+from drcredit.trainers.settings import DrCreditSettings
 from drcredit.trainers.tokens import policy_spans
 
 __all__ = ["TARGET_TRL_VERSION", "TURNS_KEY", "completion_record", "question_and_rubrics"]
@@ -89,14 +88,7 @@ def completion_record(
     messages = [dict(m) for m in completion]
     assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if len(assistant) != len(runs):
-        return {
-            "version": 1,
-            "turns": [],
-            "spans": [],
-            "question": None,
-            "rubrics": None,
-            "error": f"{len(assistant)} assistant messages but {len(runs)} runs of policy tokens",
-        }
+        return error_record(f"{len(assistant)} assistant messages but {len(runs)} runs of policy tokens")
     return conversation_record(messages, list(zip(runs, assistant, strict=True)), tools=tools)
 
 
@@ -218,28 +210,20 @@ def _build_trainer() -> type:
                         question=row["question"],
                         rubrics=row["rubrics"],
                         turns=record["turns"],
-                        spans=[None if s is None else (int(s[0]), int(s[1])) for s in record["spans"]],
+                        spans=record_spans(record),
                         policy_mask=np.asarray(row["mask"], dtype=np.int64),
                         outcome_reward=reward,
                     )
                 )
             start = self.accelerator.process_index * len(inputs)
             self.drcredit_last_batch = scored = self._drcredit_score(rollouts)
-            values = scored.values
             width = output["completion_ids"].shape[1]
-            out = np.zeros((len(inputs), width), dtype=np.float32)
+            out, keep = scored.padded(width, rows=range(start, start + len(inputs)))
             for b in range(len(inputs)):
-                g = start + b
-                if unscorable[g]:
-                    continue  # TRL gives unscorable completions no learning signal; so do we
-                row_values = values[g][:width]
-                out[b, : row_values.shape[0]] = row_values
+                if unscorable[start + b]:
+                    out[b] = 0.0  # TRL gives unscorable completions no learning signal; so do we
             if scored.excluded_tokens:
                 # Turns the service left out (on_judge_failure: exclude) leave the loss.
-                keep = np.ones((len(inputs), width), dtype=np.bool_)
-                for b in range(len(inputs)):
-                    row_mask = scored.train_masks[start + b][:width]
-                    keep[b, : row_mask.shape[0]] = row_mask
                 mask = output["completion_mask"]
                 mask.mul_(torch.as_tensor(keep, device=mask.device).to(mask.dtype))
             advantages = torch.as_tensor(out, device=output["completion_ids"].device)
@@ -257,20 +241,7 @@ def _build_trainer() -> type:
             return {"record": record, "mask": mask, "question": question, "rubrics": rubrics}
 
         def _drcredit_score(self, rollouts: list[TokenRollout]) -> ScoredBatch:
-            own = self.drcredit_client is None
-            client = make_client(self.drcredit) if own else self.drcredit_client
-            try:
-                return score_token_rollouts(
-                    rollouts,
-                    client=client,
-                    timeout_s=self.drcredit.timeout_s,
-                    id_prefix=self.drcredit.id_prefix,
-                    params=self.drcredit.params,
-                    metadata=self.drcredit.metadata(int(self.state.global_step)),
-                )
-            finally:
-                if own:
-                    client.close()
+            return score_step(rollouts, self.drcredit, client=self.drcredit_client, step=int(self.state.global_step))
 
     DrCreditGRPOTrainer.__module__ = __name__
     DrCreditGRPOTrainer.__qualname__ = "DrCreditGRPOTrainer"

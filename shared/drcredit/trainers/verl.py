@@ -43,7 +43,6 @@ import contextlib
 import contextvars
 import importlib
 import itertools
-import json
 import math
 import os
 import sys
@@ -53,20 +52,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from drcredit.trainers.scoring import (
+from drcredit.trainers.records import (
     TURNS_KEY,
-    DrCreditSettings,
+    conversation_record,
+    make_turn_record,
+    question_and_rubrics,
+    read_turn_record,
+    record_spans,
+)
+from drcredit.trainers.scoring import (
     ScoredBatch,
     TokenRollout,
-    conversation_record,
-    make_client,
-    make_turn_record,
-    plain_value,
-    read_turn_record,
     safe_id,
+    score_step,
     score_token_rollouts,
     token_values,
 )
+from drcredit.trainers.settings import DrCreditSettings, plain_value
 from drcredit.trainers.verl_agent_loop import build_agent_loop
 
 __all__ = [
@@ -228,29 +230,9 @@ def _verl_advantages(
     if mask.ndim != 2:
         raise ValueError(f"response_mask must be (batch, response_length), got shape {mask.shape}")
     rows = _rows(list(np.asarray(uids, dtype=object)), mask, non_tensor, rewards)
-    own = client is None
-    client = make_client(settings) if own else client
-    try:
-        scored = score_token_rollouts(
-            rows,
-            client=client,
-            timeout_s=settings.timeout_s,
-            id_prefix=settings.id_prefix,
-            params=settings.params,
-            metadata=settings.metadata(step if step is not None else next(_BATCHES_SCORED)),
-        )
-    finally:
-        if own:
-            client.close()
-    out = np.zeros(mask.shape, dtype=np.float32)
-    for b, row in enumerate(scored.values):
-        out[b, : row.shape[0]] = row
-    if not scored.excluded_tokens:
-        return out, None
-    keep = mask.astype(np.bool_)
-    for b, row_mask in enumerate(scored.train_masks):
-        keep[b, : row_mask.shape[0]] &= row_mask
-    return out, keep
+    scored = score_step(rows, settings, client=client, step=step if step is not None else next(_BATCHES_SCORED))
+    values, keep = scored.padded(mask.shape[1])
+    return values, (keep if scored.excluded_tokens else None)
 
 
 def _rows(
@@ -283,7 +265,7 @@ def _rows(
                 question=question,
                 rubrics=rubrics,
                 turns=record["turns"],
-                spans=[None if s is None else (int(s[0]), int(s[1])) for s in record["spans"]],
+                spans=record_spans(record),
                 policy_mask=mask[b],
                 outcome_reward=reward,
             )
@@ -292,21 +274,7 @@ def _rows(
 
 
 def _question_and_rubrics(record: Mapping[str, Any], info: Any, where: str) -> tuple[str, list[dict[str, Any]]]:
-    sources: list[Mapping[str, Any]] = [record]
-    if isinstance(info, Mapping):
-        nested = info.get("drcredit")
-        if isinstance(nested, Mapping):
-            sources.append(nested)
-        sources.append(info)
-    question = next((s["question"] for s in sources if s.get("question")), None)
-    rubrics = next((s["rubrics"] for s in sources if s.get("rubrics")), None)
-    if isinstance(rubrics, (str, bytes)):
-        rubrics = json.loads(rubrics)
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"{where}: no question (extra_info['question'] or extra_info['drcredit']['question'])")
-    if not isinstance(rubrics, list) or not rubrics:
-        raise ValueError(f"{where}: no rubrics (extra_info['rubrics'] or extra_info['drcredit']['rubrics'])")
-    return question, [dict(r) for r in rubrics]
+    return question_and_rubrics([record, info], where, "extra_info")
 
 
 # ----------------------------------------------------------------------------- v1 trainers (driver)

@@ -1,0 +1,136 @@
+"""Real SkyRL parts for the adapter tests, on the CPU: a SkyRL-Gym env, a scripted engine, configs.
+
+skyrl 0.3.0 declares Python >= 3.11, but ``skyrl.tinker.types`` (imported by every
+``skyrl.backends`` module) puts a ``typing.TypedDict`` in a pydantic model, which pydantic
+refuses below Python 3.12; :func:`import_skyrl` lends ``typing_extensions.TypedDict`` while
+skyrl is first imported on 3.11 and nothing else. The env plays examples/group.json rollouts:
+the agent's tool calls are Hermes ``<tool_call>`` blocks, the tools answer JSON in
+``<tool_response>`` blocks, a search turn earns a small turn-level reward.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "group.json").read_text())
+ENV_ID = "drcredit-test-research"
+SEARCH_REWARD = 0.05
+CHAT_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+
+
+def import_skyrl() -> Any:
+    """skyrl's PPO utilities, imported so that they load on Python 3.11 too (see the module doc)."""
+    if sys.version_info < (3, 12) and "skyrl.tinker.types" not in sys.modules:
+        import typing_extensions
+
+        original = typing.TypedDict
+        typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+        try:
+            importlib.import_module("skyrl.tinker.types")
+        finally:
+            typing.TypedDict = original  # type: ignore[misc]
+    return importlib.import_module("skyrl.backends.skyrl_train.utils.ppo_utils")
+
+
+def script(rollout: int) -> list[dict[str, Any]]:
+    """The turns an agent plays for one example rollout (first four turns, then an answer)."""
+    turns = EXAMPLE["rollouts"][rollout]["turns"][:4]
+    if turns[-1]["type"] != "answer":
+        turns = [*turns, {"type": "answer", "reasoning": "done", "answer": "The coolant fitting failed."}]
+    return turns
+
+
+def action(turn: dict[str, Any]) -> str:
+    """What the policy writes for a turn."""
+    if turn["type"] == "answer":
+        return f"{turn['reasoning'][:30]}<answer>{turn['answer'][:60]}</answer>"
+    if turn["type"] == "search":
+        call = {"name": "search", "arguments": {"queries": turn["call"]["queries"]}}
+    else:
+        call = {"name": "visit", "arguments": {"urls": turn["call"]["urls"], "goal": turn["call"]["goal"][:30]}}
+    return f"{turn['reasoning'][:30]}<tool_call>{json.dumps(call)}</tool_call>"
+
+
+def observation(turn: dict[str, Any]) -> str:
+    """What the tools answer for a turn, as JSON the converters read."""
+    if turn["type"] == "search":
+        body: dict[str, Any] = {"results": [{k: r[k] for k in ("url", "title", "snippet")} for r in turn["results"]]}
+    else:
+        body = {"pages": [{k: p.get(k) for k in ("url", "evidence", "summary", "error")} for p in turn["pages"]]}
+    return f"<tool_response>{json.dumps(body)}</tool_response>"
+
+
+def make_env_class() -> type:
+    base = importlib.import_module("skyrl_gym.envs.base_text_env")
+
+    class ResearchEnv(base.BaseTextEnv):  # type: ignore[misc, name-defined]
+        """Answers the scripted agent's tool calls; the reward comes at the answer."""
+
+        def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None) -> None:
+            super().__init__()
+            extras = extras or {}
+            self.turns_played = script(int(extras["rollout"]))
+            self.outcome = float(EXAMPLE["rollouts"][int(extras["rollout"])]["outcome_reward"])
+            self.max_turns = int(extras.get("max_turns", 8))
+            self.report_messages = bool(extras.get("report_messages"))
+            self.messages: list[dict[str, Any]] = []
+
+        def step(self, action: str) -> Any:
+            turn = self.turns_played[self.turns]
+            self.turns += 1
+            done = turn["type"] == "answer" or self.turns >= self.max_turns
+            self.messages.append(_assistant(action))
+            if done:
+                return base.BaseTextEnvStepOutput(observations=[], reward=self.outcome, done=True, metadata={})
+            content = observation(turn)
+            self.messages.append(
+                {"role": "tool", "content": content.removeprefix("<tool_response>")[: -len("</tool_response>")]}
+            )
+            reward = SEARCH_REWARD if turn["type"] == "search" else 0.0
+            return base.BaseTextEnvStepOutput(
+                observations=[{"role": "user", "content": content}], reward=reward, done=False, metadata={}
+            )
+
+        def get_metrics(self) -> dict[str, Any]:
+            return {"drcredit_messages": self.messages} if self.report_messages else {}
+
+    return ResearchEnv
+
+
+def _assistant(text: str) -> dict[str, Any]:
+    if "<tool_call>" not in text:
+        return {"role": "assistant", "content": text}
+    head, rest = text.split("<tool_call>", 1)
+    call = json.loads(rest.split("</tool_call>", 1)[0])
+    return {"role": "assistant", "content": head, "tool_calls": [{"type": "function", "function": call}]}
+
+
+class ScriptedEngine:
+    """An inference engine client that plays each trajectory's script, token in, token out."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.turn: dict[str, int] = {}
+        self.rollout_of: dict[str, int] = {}
+        #: per session, the token ids of each generation, in order
+        self.generated: dict[str, list[list[int]]] = {}
+
+    async def generate(self, engine_input: Any, model: Any = None) -> dict[str, Any]:
+        session = engine_input["session_ids"][0]
+        k = self.turn.get(session, 0)
+        self.turn[session] = k + 1
+        text = action(script(self.rollout_of[session])[k])
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        self.generated.setdefault(session, []).append(ids)
+        return {"responses": [text], "response_ids": [ids], "stop_reasons": ["stop"], "response_logprobs": None}
+
+    async def finish_session(self, session_id: str) -> None:
+        return None

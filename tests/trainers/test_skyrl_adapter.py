@@ -1,0 +1,281 @@
+"""The SkyRL adapter against the installed skyrl (0.3.0) and the real service.
+
+Runs only where skyrl is installed (the project's own test run skips it); scripts/test runs
+it in .venv-trainers. Real parts: SkyRL's ``SkyRLGymGenerator`` (its multi-turn agent loop,
+token-in-token-out) driving a SkyRL-Gym env through skyrl_gym's registry, SkyRL's
+``prepare_generator_input``, a ``RayPPOTrainer``'s own ``generate``,
+``postprocess_generator_output``, ``convert_to_training_input`` and
+``compute_advantages_and_returns``, the estimator registry, and SkyRL's ``regular`` policy
+loss backpropagated through a tiny model. The inference engine is a scripted client (vLLM
+does not run here) and the trainer's worker dispatch a one-rank stand-in (its FSDP workers
+need GPUs); see docs/trainers.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("skyrl")
+torch = pytest.importorskip("torch")
+
+from tests.trainers.skyrl_parts import (  # noqa: E402
+    CHAT_TEMPLATE,
+    ENV_ID,
+    EXAMPLE,
+    SEARCH_REWARD,
+    ScriptedEngine,
+    import_skyrl,
+    make_env_class,
+    script,
+)
+
+ppo_utils = import_skyrl()
+
+import skyrl_gym  # noqa: E402
+from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLGymConfig, SkyRLTrainConfig  # noqa: E402
+from skyrl.train.generators.skyrl_gym_generator import SkyRLGymGenerator  # noqa: E402
+from skyrl.train.generators.utils import prepare_generator_input  # noqa: E402
+from skyrl.train.trainer import RayPPOTrainer  # noqa: E402
+
+from drcredit.client import DrCreditClient  # noqa: E402
+from drcredit.trainers import skyrl as adapter  # noqa: E402
+from drcredit.trainers.settings import DrCreditSettings  # noqa: E402
+from drcredit.trainers.tokens import turn_advantages  # noqa: E402
+from drcredit_api.app import create_app  # noqa: E402
+from tests.support.api import settings_for  # noqa: E402
+from tests.support.judge_server import Reply, running_judge  # noqa: E402
+from tests.support.live import serving  # noqa: E402
+from tests.trainers.tiny import byte_tokenizer  # noqa: E402
+
+SAMPLES = 4
+#: per prompt, the example rollout each sample plays
+PLAYS = {"q-a": [0, 1, 2, 3], "q-b": [4, 5, 6, 7]}
+
+if ENV_ID not in skyrl_gym.registry:
+    skyrl_gym.register(id=ENV_ID, entry_point=make_env_class())
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return byte_tokenizer(CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered() -> Any:
+    return adapter.register()
+
+
+def generation(tokenizer: Any, service: str, *, stream: bool, report_messages: bool = False, **settings: Any) -> Any:
+    """A SkyRL generator wrapped by DrCredit, its engine, and one training step's input."""
+    engine = ScriptedEngine(tokenizer)
+    config = GeneratorConfig(n_samples_per_prompt=SAMPLES, max_turns=8, max_input_length=100_000)
+    inner = SkyRLGymGenerator(config, SkyRLGymConfig(max_env_workers=0), engine, tokenizer)
+    wrapped = adapter.DrCreditGenerator(
+        inner,
+        settings=DrCreditSettings(
+            base_url=service, timeout_s=120, **{"id_prefix": "sky-", "run": "skyrun", **settings}
+        ),
+        stream=stream,
+    )
+    prompts = [
+        {
+            "prompt": [{"role": "user", "content": "Research: " + EXAMPLE["question"]}],
+            "env_class": ENV_ID,
+            "env_extras": {
+                "question": EXAMPLE["question"],
+                "rubrics": EXAMPLE["rubrics"],
+                "report_messages": report_messages,
+            },
+            "uid": uid,
+        }
+        for uid in PLAYS
+    ]
+    batch, uids = prepare_generator_input(prompts, SAMPLES, {}, ENV_ID, "train", 3)
+    for i, trajectory in enumerate(batch["trajectory_ids"]):
+        rollout = PLAYS[trajectory.instance_id][trajectory.repetition_id]
+        batch["env_extras"][i]["rollout"] = rollout
+        engine.rollout_of[trajectory.to_string()] = rollout
+    return wrapped, engine, batch, uids
+
+
+def trainer_for(generator: Any, tokenizer: Any, engine: Any) -> Any:
+    cfg = SkyRLTrainConfig()
+    cfg.trainer.algorithm.advantage_estimator = adapter.ESTIMATOR_NAME
+    cfg.generator.n_samples_per_prompt = SAMPLES
+    cfg.trainer.train_batch_size = cfg.trainer.policy_mini_batch_size = len(PLAYS)  # prompts per step
+    cfg.generator.inference_engine.enable_ray_prometheus_stats = False  # scrapes a Ray cluster's vLLM
+    trainer = RayPPOTrainer(cfg, None, tokenizer, None, engine, generator)
+    trainer.dispatch = types.SimpleNamespace(get_lcm_dp_size=lambda: 1)  # stands in for the GPU workers
+    return trainer
+
+
+def token_layout(engine: ScriptedEngine, session: str, loss_mask: list[int]) -> list[tuple[int, int]]:
+    """Each generation's span in the response: the maximal runs of policy tokens, checked against
+    what the engine generated (SkyRL concatenates generation, observation, generation, ...)."""
+    mask = np.asarray(loss_mask)
+    edges = np.diff(np.concatenate(([0], mask, [0])))
+    spans = list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist(), strict=True))
+    assert [end - start for start, end in spans] == [len(ids) for ids in engine.generated[session]]
+    return spans
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "batch"])
+def test_a_training_step_gets_the_services_advantages(tokenizer: Any, service: str, stream: bool) -> None:
+    generator, engine, batch, uids = generation(tokenizer, service, stream=stream, report_messages=not stream)
+    trainer = trainer_for(generator, tokenizer, engine)
+    output = asyncio.run(trainer.generate(copy.deepcopy(batch)))
+    scored = generator.last_scored
+    assert scored is not None and len(set(scored.group_ids)) == 2
+
+    with DrCreditClient(service) as client:
+        for i, trajectory in enumerate(batch["trajectory_ids"]):
+            session = trajectory.to_string()
+            group_id = scored.group_ids[i]
+            document = client.advantages(group_id, wait=30)
+            values = turn_advantages(document, f"r{trajectory.repetition_id}")
+            turns = script(PLAYS[trajectory.instance_id][trajectory.repetition_id])
+            assert len(values) == len(turns)
+            rewards, mask = np.asarray(output["rewards"][i]), np.asarray(output["loss_masks"][i])
+            spans = token_layout(engine, session, output["loss_masks"][i])
+            for value, (start, end) in zip(values, spans, strict=True):
+                np.testing.assert_allclose(rewards[start:end], value, rtol=0, atol=1e-6)
+            assert not rewards[mask == 0].any()  # tool responses and padding: 0
+            # the outcome the service normalized: the env's turn-level rewards, added up
+            rollout = next(r for r in document["rollouts"] if r["id"] == f"r{trajectory.repetition_id}")
+            searches = sum(1 for t in turns if t["type"] == "search")
+            expected = EXAMPLE["rollouts"][PLAYS[trajectory.instance_id][trajectory.repetition_id]]["outcome_reward"]
+            assert rollout["outcome_reward"] == pytest.approx(expected + SEARCH_REWARD * searches)
+            metadata = client.group_status(group_id)["metadata"]
+            assert metadata == {"run": "skyrun", "step": 3}
+    assert any(len({round(float(v), 5) for v in np.asarray(r)[np.asarray(r) != 0]}) > 1 for r in output["rewards"])
+
+    # SkyRL's own trainer path from here: per-token rewards, tensors, the registered estimator
+    output, uids = trainer.postprocess_generator_output(output, uids)
+    data = trainer.convert_to_training_input(output, uids)
+    data["values"] = None  # what fwd_logprobs_values_reward leaves without a critic (its forward passes need GPUs)
+    data = trainer.compute_advantages_and_returns(data)
+    advantages, loss_mask = data["advantages"], data["loss_mask"]
+    response_length = data["response_mask"].shape[1]
+    for i, rewards in enumerate(output["rewards"]):
+        expected = torch.zeros(response_length)  # SkyRL right-aligns responses in the batch
+        expected[response_length - len(rewards) :] = torch.tensor(rewards)
+        torch.testing.assert_close(advantages[i], expected)
+    assert not advantages[loss_mask == 0].any()
+
+    # SkyRL's regular PPO loss on these advantages, through a tiny model: tool tokens get no gradient
+    torch.manual_seed(0)
+    responses = data["sequences"][:, -response_length:]
+    embedding = torch.nn.Embedding(len(tokenizer), 8)
+    head = torch.nn.Linear(8, len(tokenizer))
+    log_probs = torch.log_softmax(head(embedding(responses)), dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    loss_fn = ppo_utils.PolicyLossRegistry.get("regular")
+    loss, _ = loss_fn(log_probs, log_probs.detach(), advantages, trainer.cfg.trainer.algorithm, loss_mask)
+    loss.backward()
+    assert torch.isfinite(loss) and embedding.weight.grad is not None
+    assert embedding.weight.grad.abs().sum() > 0
+
+
+def test_the_estimator_is_skyrls_and_refuses_unscored_rows() -> None:
+    config = AlgorithmConfig()
+    rewards = torch.tensor([[0.5, -0.25, 0.0], [1.0, 1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    adapter._remember(["u1"])
+    advantages, returns = ppo_utils.compute_advantages_and_returns(
+        token_level_rewards=rewards, response_mask=mask, index=["u1", "u1"], adv_estimator="drcredit", config=config
+    )
+    torch.testing.assert_close(advantages, torch.tensor([[0.5, -0.25, 0.0], [1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(returns, advantages)
+    with pytest.raises(RuntimeError, match="DrCreditGenerator did not score"):
+        ppo_utils.compute_advantages_and_returns(
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=["never"] * 2,
+            adv_estimator="drcredit",
+            config=config,
+        )
+    config.use_kl_in_reward = True
+    with pytest.raises(ValueError, match="use_kl_loss"):
+        ppo_utils.compute_advantages_and_returns(
+            token_level_rewards=rewards, response_mask=mask, index=["u1"] * 2, adv_estimator="drcredit", config=config
+        )
+    assert adapter.register() is ppo_utils.AdvantageEstimatorRegistry.get("drcredit")  # idempotent
+
+
+def test_exclude_takes_unscorable_turns_out_of_the_loss(tokenizer: Any, tmp_path: Path) -> None:
+    """Every visit judgment fails (the judge answers no JSON): under exclude, visit tokens leave the loss."""
+    with (
+        running_judge(lambda c: Reply(content="no json")) as judge,
+        serving(create_app(settings_for(f"sqlite:///{tmp_path / 'x.sqlite3'}", judge.url))) as url,
+        pytest.warns(UserWarning, match="failed"),
+    ):
+        generator, engine, batch, _ = generation(
+            tokenizer, url, stream=False, params={"on_judge_failure": "exclude"}, id_prefix="skyx-"
+        )
+        before: list[Any] = []
+        inner_generate = generator.inner.generate
+
+        async def capture(input_batch: Any, **kwargs: Any) -> Any:
+            out = await inner_generate(input_batch, **kwargs)
+            before.append(copy.deepcopy(out))
+            return out
+
+        generator.inner.generate = capture
+        output = asyncio.run(generator.generate(copy.deepcopy(batch)))
+    scored = generator.last_scored
+    left_out = kept = visits_left_out = 0
+    for i, trajectory in enumerate(batch["trajectory_ids"]):
+        turns = script(PLAYS[trajectory.instance_id][trajectory.repetition_id])
+        spans = token_layout(engine, trajectory.to_string(), before[0]["loss_masks"][i])
+        document = scored.documents[scored.group_ids[i]]
+        rollout = next(r for r in document["rollouts"] if r["id"] == f"r{trajectory.repetition_id}")
+        mask, rewards = output["loss_masks"][i], output["rewards"][i]
+        for turn, scored_turn, (start, end) in zip(turns, rollout["turns"], spans, strict=True):
+            if scored_turn["unscorable"]:  # visits judged, and the searches whose results they visited
+                left_out += 1
+                assert not any(mask[start:end]) and not any(rewards[start:end])
+            else:
+                kept += 1
+                assert all(mask[start:end])
+            visits_left_out += turn["type"] == "visit" and scored_turn["unscorable"]
+    assert left_out and kept and visits_left_out and output["rollout_metrics"]["drcredit/excluded_tokens"] > 0
+
+
+def test_eval_generations_pass_through(tokenizer: Any, service: str) -> None:
+    generator, _, batch, _ = generation(tokenizer, service, stream=True)
+    batch["batch_metadata"].training_phase = "eval"
+    output = asyncio.run(generator.generate(copy.deepcopy(batch)))
+    assert generator.last_scored is None
+    assert all(isinstance(r, list) and sum(r) >= 0 for r in output["rewards"])  # SkyRL's own rewards
+
+
+def test_service_down_stops_the_step(tokenizer: Any) -> None:
+    """Nothing listens at the URL: the step waits (briefly here), then raises instead of training on zeros."""
+    from drcredit.trainers.service import DrCreditUnavailable
+    from tests.support.live import free_port
+
+    client = DrCreditClient(f"http://127.0.0.1:{free_port()}", max_attempts=1)
+    for stream in (True, False):
+        generator, _, batch, _ = generation(
+            tokenizer, client.base_url, stream=stream, unreachable_timeout_s=0.5, id_prefix=f"down{stream}-"
+        )
+        generator.client = client
+        with pytest.raises(DrCreditUnavailable, match="could not be reached"):
+            asyncio.run(generator.generate(copy.deepcopy(batch)))
+    client.close()
+
+
+def test_the_example_entrypoint_builds_on_skyrls_own() -> None:
+    """examples/skyrl/main_drcredit.py imports against the installed skyrl (it is not run: GPUs)."""
+    import runpy
+
+    from skyrl.train.entrypoints.main_base import BasePPOExp
+
+    names = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "skyrl" / "main_drcredit.py"))
+    assert issubclass(names["DrCreditPPOExp"], BasePPOExp) and callable(names["main"])
