@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -30,6 +31,7 @@ Tenant = Annotated[str, Depends(tenant_of)]
 Wait = Annotated[float, Query(ge=0, description="Long-poll up to this many seconds for the group to finish")]
 
 router = APIRouter()
+log = logging.getLogger("drcredit.api")
 
 _ERRORS: dict[int, dict[str, Any]] = {
     401: {"model": schemas.ErrorBody, "description": "Missing or invalid API key"},
@@ -330,9 +332,8 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> Response:
     """Ready to ingest: database reachable with its schema at head, broker reachable.
 
-    The judge is reported as a component (``judge``: each endpoint's last known state,
-    from the processes that call it) without making the API unready: groups posted
-    while the judge is down wait for it.
+    The judge is reported as a component (``judge``: :func:`judge_status`) without
+    making the API unready: groups posted while the judge is down wait for it.
     """
     rt: Runtime = request.app.state.runtime
     checks: dict[str, Any] = {}
@@ -353,17 +354,47 @@ async def readyz(request: Request) -> Response:
         except Exception as exc:  # noqa: BLE001
             checks["broker"] = f"unreachable: {type(exc).__name__}"
     ready = all(checks.get(k) in ("ok", "in-process") for k in ("database", "broker")) and not rt.schema_problem
-    judges: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     if checks["database"] == "ok" and not rt.schema_problem:
         try:
-            judges = await read_db(rt, endpoint_states)
+            rows = await read_db(rt, endpoint_states)
         except Exception:  # noqa: BLE001 - the judge's state is informative only
-            judges = []
-    down = [j for j in judges if j["state"] == "down"]
-    checks["judge"] = {"state": "down" if down else "up", "endpoints": judges}
+            rows = []
+    checks["judge"] = await run_in_threadpool(judge_status, rt, rows)
     return JSONResponse(
         status_code=200 if ready else 503, content={"status": "ready" if ready else "not ready", **checks}
     )
+
+
+def judge_status(rt: Runtime, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The judge for /readyz: ``down`` while it cannot be reached at all (its breaker
+    open: work waits), ``degraded`` while some of its endpoints are out of the rotation,
+    else ``up``; and each endpoint as the deployment's processes see it (in flight, the
+    learned limit, latency, 429s, rate and context learned) with its recorded outages."""
+    recorded = {r["endpoint"]: r for r in rows}
+    fleet = rt.judge.fleet
+    live: list[dict[str, Any]] = []
+    if fleet is not None:
+        try:
+            live = fleet.status()
+        except Exception:
+            log.warning("could not read the judge fleet's state", exc_info=True)
+            live = [{"endpoint": url, "state": "unknown"} for url in fleet.urls]
+    endpoints = []
+    for view in live:
+        row = recorded.get(view["endpoint"], {})
+        state = view["state"] if view["state"] not in ("idle", "unknown") else row.get("state", view["state"])
+        endpoints.append({**view, **{k: v for k, v in row.items() if k != "state"}, "state": state})
+    named = {e["endpoint"] for e in endpoints}
+    endpoints += [r for r in rows if r["endpoint"] not in named and r["endpoint"] != rt.judge.endpoint]
+    whole = recorded.get(rt.judge.endpoint)
+    if whole is not None and whole["state"] == "down":
+        overall = "down"
+    elif any(e["state"] in ("down", "mixed") for e in endpoints):
+        overall = "degraded"
+    else:
+        overall = "up"
+    return {"state": overall, "endpoints": endpoints}
 
 
 @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)

@@ -42,6 +42,33 @@ JUDGE_OUTAGES = Counter(
     "drcredit_judge_outages_total", "Times a judge endpoint became unreachable (its breaker opened)", ["endpoint"]
 )
 JUDGE_UP = Gauge("drcredit_judge_up", "1 while the judge endpoint is reachable from this process, else 0", ["endpoint"])
+JUDGE_ENDPOINT_RESPONSES = Counter(
+    "drcredit_judge_endpoint_responses_total",
+    "Exchanges with each judge endpoint by outcome (answered, rate_limited = 429, connection, timeout, server_error)",
+    ["endpoint", "outcome"],
+)
+JUDGE_ENDPOINT_IN_FLIGHT = Gauge(
+    "drcredit_judge_endpoint_in_flight", "Calls in flight to each judge endpoint from this process", ["endpoint"]
+)
+JUDGE_ENDPOINT_LIMIT = Gauge(
+    "drcredit_judge_endpoint_limit",
+    "The learned limit of calls in flight to each judge endpoint, fleet-wide (all processes)",
+    ["endpoint"],
+)
+JUDGE_ENDPOINT_SHARE = Gauge(
+    "drcredit_judge_endpoint_share", "This process's part of each judge endpoint's limit", ["endpoint"]
+)
+JUDGE_ENDPOINT_UP = Gauge(
+    "drcredit_judge_endpoint_up", "1 while the judge endpoint is in this process's rotation, else 0", ["endpoint"]
+)
+JUDGE_ENDPOINT_LATENCY = Gauge(
+    "drcredit_judge_endpoint_latency_seconds", "Smoothed latency of each judge endpoint's answers", ["endpoint"]
+)
+JUDGE_ENDPOINT_RPM = Gauge(
+    "drcredit_judge_endpoint_requests_per_minute",
+    "The pace calls to each judge endpoint are held to (its declared or inferred rate limit; absent: none)",
+    ["endpoint"],
+)
 ROLLOUT_CACHE_BYTES = Gauge(
     "drcredit_rollout_cache_bytes",
     "Stored JSON size of the rollout content this process keeps (DRCREDIT_ROLLOUT_CACHE_MB bounds it)",

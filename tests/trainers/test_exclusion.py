@@ -20,6 +20,7 @@ from drcredit_api.app import create_app
 from tests.support.api import settings_for
 from tests.support.builders import answer, page, rubric, tool, visit
 from tests.support.judge_server import Reply, running_judge
+from tests.support.judged_service import judged_service
 from tests.support.live import serving
 
 
@@ -51,7 +52,7 @@ def rows() -> list[TokenRollout]:
 def test_unscorable_turns_leave_the_loss_only_under_exclude(tmp_path: Path, policy: str) -> None:
     with (
         running_judge(lambda c: Reply(content="no json")) as judge,
-        serving(create_app(settings_for(f"sqlite:///{tmp_path / 'x.sqlite3'}", judge.url))) as url,
+        judged_service(f"sqlite:///{tmp_path / 'x.sqlite3'}", judge.url) as url,
         DrCreditClient(url) as client,
         pytest.warns(UserWarning, match="failed"),
     ):

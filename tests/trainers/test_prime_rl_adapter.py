@@ -35,10 +35,9 @@ from drcredit.trainers import prime_rl as adapter  # noqa: E402
 from drcredit.trainers.service import DrCreditUnavailable  # noqa: E402
 from drcredit.trainers.settings import DrCreditSettings  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
-from drcredit_api.app import create_app  # noqa: E402
-from tests.support.api import settings_for  # noqa: E402
 from tests.support.judge_server import Reply, running_judge  # noqa: E402
-from tests.support.live import free_port, serving  # noqa: E402
+from tests.support.judged_service import judged_service  # noqa: E402
+from tests.support.live import free_port  # noqa: E402
 from tests.trainers.skyrl_parts import EXAMPLE, observation, script  # noqa: E402
 from tests.trainers.tiny import byte_tokenizer  # noqa: E402
 
@@ -162,7 +161,7 @@ def test_exclude_zeroes_unscorable_turns(tokenizer: Any, tmp_path: Path) -> None
     group = episodes(tokenizer, [0, 1])
     with (
         running_judge(lambda c: Reply(content="no json")) as judge,
-        serving(create_app(settings_for(f"sqlite:///{tmp_path / 'p.sqlite3'}", judge.url))) as url,
+        judged_service(f"sqlite:///{tmp_path / 'p.sqlite3'}", judge.url) as url,
         pytest.warns(UserWarning, match="failed"),
     ):
         settings = DrCreditSettings(base_url=url, timeout_s=120, params={"on_judge_failure": "exclude"})

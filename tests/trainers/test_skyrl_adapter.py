@@ -48,10 +48,8 @@ from drcredit.client import DrCreditClient  # noqa: E402
 from drcredit.trainers import skyrl as adapter  # noqa: E402
 from drcredit.trainers.settings import DrCreditSettings  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
-from drcredit_api.app import create_app  # noqa: E402
-from tests.support.api import settings_for  # noqa: E402
 from tests.support.judge_server import Reply, running_judge  # noqa: E402
-from tests.support.live import serving  # noqa: E402
+from tests.support.judged_service import judged_service  # noqa: E402
 from tests.trainers.tiny import byte_tokenizer  # noqa: E402
 
 SAMPLES = 4
@@ -212,7 +210,7 @@ def test_exclude_takes_unscorable_turns_out_of_the_loss(tokenizer: Any, tmp_path
     """Every visit judgment fails (the judge answers no JSON): under exclude, visit tokens leave the loss."""
     with (
         running_judge(lambda c: Reply(content="no json")) as judge,
-        serving(create_app(settings_for(f"sqlite:///{tmp_path / 'x.sqlite3'}", judge.url))) as url,
+        judged_service(f"sqlite:///{tmp_path / 'x.sqlite3'}", judge.url) as url,
         pytest.warns(UserWarning, match="failed"),
     ):
         generator, engine, batch, _ = generation(

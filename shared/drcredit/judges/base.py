@@ -44,6 +44,7 @@ from drcredit.judges.attempts import Attempt as Attempt
 from drcredit.judges.attempts import AttemptPlan as AttemptPlan
 from drcredit.judges.attempts import Rejected, next_plan
 from drcredit.judges.breaker import UNREACHABLE_OUTCOMES, CircuitBreaker
+from drcredit.judges.fleet.router import Fleet
 
 # Re-exported: the request types are part of the judge's interface.
 from drcredit.judges.requests import (
@@ -176,6 +177,8 @@ class Judge(ABC):
     """A judge backend; subclasses implement :meth:`acomplete` only."""
 
     backend: str = "abstract"
+    #: The endpoints a remote judge calls (None: a judge without any, the offline one).
+    fleet: Fleet | None = None
 
     def __init__(
         self,

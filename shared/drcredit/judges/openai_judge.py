@@ -155,7 +155,7 @@ class OpenAIJudge(Judge):
         self.response_format: ResponseFormat = response_format
         self.extra_body = extra_body or {}
         self.keepalive_s = keepalive_s
-        self.fleet = Fleet(self.endpoints, store=store, configured=rates)
+        self.fleet: Fleet = Fleet(self.endpoints, store=store, configured=rates)
         #: Per endpoint: the structured output it takes (``auto`` until a 400 names it).
         self._formats: dict[str, ResponseFormat] = {e.url: response_format for e in self.endpoints}
         self._ratios: dict[str, TokenRatio] = {e.url: TokenRatio() for e in self.endpoints}

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from drcredit import metrics
 from drcredit.judges.breaker import BreakerState, CircuitBreaker
+from drcredit.judges.fleet.router import Endpoint, Fleet
 from drcredit.storage import models as m
 from drcredit.storage.database import Database
 
@@ -29,8 +30,9 @@ log = logging.getLogger("drcredit.outages")
 
 
 class JudgeOutages:
-    def __init__(self, db: Database, breaker: CircuitBreaker, run_db: Callable[..., Any]):
-        """``run_db(fn, *args)``: an awaitable running ``fn`` on a database thread."""
+    def __init__(self, db: Database, breaker: CircuitBreaker, run_db: Callable[..., Any], fleet: Fleet | None = None):
+        """``run_db(fn, *args)``: an awaitable running ``fn`` on a database thread;
+        ``fleet``: the judge's endpoints, each recorded when it leaves or rejoins the rotation."""
         self.db = db
         self.breaker = breaker
         self._run_db = run_db
@@ -41,6 +43,17 @@ class JudgeOutages:
         self._tasks: set[asyncio.Future[Any]] = set()
         metrics.JUDGE_UP.labels(breaker.endpoint).set(1)
         breaker.add_listener(self._changed)
+        if fleet is not None:
+            fleet.listeners.append(self._endpoint_changed)
+
+    def _endpoint_changed(self, endpoint: Endpoint, up: bool) -> None:
+        """One endpoint of several left or rejoined the rotation: record it (the judge
+        as a whole is unreachable only when its own breaker opens)."""
+        health = endpoint.health
+        state = BreakerState(endpoint.url, up, health.since, health.reason, health.outages)
+        if not up:
+            metrics.JUDGE_OUTAGES.labels(endpoint.url).inc()
+        self._submit(self._record, state, [])
 
     @contextmanager
     def judging(self, group_pk: int) -> Iterator[None]:

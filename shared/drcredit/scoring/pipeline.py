@@ -78,7 +78,7 @@ class Pipeline:
         self.events = GroupEvents()
         self.engine = Engine(judge_concurrency, db_threads)
         self.engine.on_close(judge.aclose)
-        self.outages = JudgeOutages(db, judge.breaker, self.engine.db)
+        self.outages = JudgeOutages(db, judge.breaker, self.engine.db, judge.fleet)
         self.leases = LeaseKeeper(db, lease_s, self.engine.db)
         self.engine.on_close(self.leases.stop)
         self.rollouts = RolloutCache(db, self.engine, rollout_cache_bytes)

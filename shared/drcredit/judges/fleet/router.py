@@ -19,113 +19,27 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import logging
 import math
 import os
 import socket
 import time
 import uuid
-from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.endpoints import EndpointConfig
-from drcredit.judges.fleet.health import EndpointHealth
-from drcredit.judges.fleet.limits import LatencyWatch
-from drcredit.judges.fleet.rates import (
-    ACCEPTED_WINDOW_S,
-    QUIET_S,
-    RateHeaders,
-    RateLimits,
-    inferred_rpm,
-    probed_rpm,
-)
-from drcredit.judges.fleet.store import EndpointRecord, FleetStore, MemoryStore, ProcessReport, with_facts
+from drcredit.judges.fleet.learning import Learning
+from drcredit.judges.fleet.rates import RateLimits
+from drcredit.judges.fleet.sharing import Sharing
+from drcredit.judges.fleet.state import CALL_PRIORITY, AllEndpointsDown, Endpoint, Lease, Waiter
+from drcredit.judges.fleet.store import FleetStore, MemoryStore
 
-log = logging.getLogger("drcredit.judges.fleet")
-
-#: The priority of the judge calls made by the current task: the calls its unit still
-#: has to make (set by the scoring engine's slots; more goes first).
-CALL_PRIORITY: ContextVar[int] = ContextVar("drcredit_call_priority", default=0)
-
-#: Seconds between two reports of this process while it has calls (and when idle).
-SYNC_ACTIVE_S = 0.2
-SYNC_IDLE_S = 1.0
-#: A 429 without retry-after keeps the endpoint cool this long.
-DEFAULT_COOL_S = 1.0
+__all__ = ["CALL_PRIORITY", "AllEndpointsDown", "Endpoint", "Fleet", "Lease"]
 
 
-class AllEndpointsDown(Exception):
-    """Every endpoint this call may use is out of the rotation."""
-
-
-@dataclass
-class Endpoint:
-    """One endpoint as this process sees it (engine loop only)."""
-
-    config: EndpointConfig
-    record: EndpointRecord = field(default_factory=EndpointRecord)
-    #: This process's part of the fleet-wide limit (a fraction of the demand).
-    fraction: float = 1.0
-    in_flight: int = 0
-    health: EndpointHealth = field(default_factory=EndpointHealth)
-    latency: LatencyWatch = field(default_factory=LatencyWatch)
-    cool_until: float = 0.0
-    #: Answers at normal latency while busy, not yet added to the shared limit.
-    grown: float = 0.0
-    counts: Counter[str] = field(default_factory=Counter)
-    #: When calls were sent, and those refused with a 429 (the rate the endpoint
-    #: accepts), the last 429, and seconds calls waited for its pace since the last report.
-    sent: deque[float] = field(default_factory=lambda: deque(maxlen=8192))
-    refused: deque[float] = field(default_factory=lambda: deque(maxlen=8192))
-    last_429: float = -math.inf
-    paced_s: float = 0.0
-    #: When the pace was last inferred from a 429.
-    inferred_at: float | None = None
-
-    @property
-    def url(self) -> str:
-        return self.config.url
-
-    @property
-    def limit(self) -> float:
-        return self.record.limit.limit
-
-    @property
-    def share(self) -> int:
-        """Calls this process may have in flight on the endpoint."""
-        return max(1, math.floor(self.limit * self.fraction + 1e-9))
-
-    def pace(self, fallback: float) -> float:
-        return self.latency.ewma if self.latency.ewma is not None else fallback
-
-
-@dataclass
-class Lease:
-    """A place on an endpoint for one call: released exactly once."""
-
-    endpoint: Endpoint
-    epoch: int
-    probe: bool
-    #: When the call went out (after its pacing).
-    sent_at: float = 0.0
-    #: Token units reserved under a tokens-per-minute pace, refunded to the usage.
-    reserved_tokens: float = 0.0
-    released: bool = False
-
-
-@dataclass(order=True)
-class _Waiter:
-    rank: tuple[int, int]
-    exclude: frozenset[str] = field(compare=False)
-    force_probe: bool = field(compare=False)
-    future: asyncio.Future[Lease] = field(compare=False)
-
-
-class Fleet:
+class Fleet(Learning, Sharing):
     """The endpoints of one judge in one process, and the calls waiting for them."""
 
     def __init__(
@@ -138,7 +52,7 @@ class Fleet:
     ):
         self.endpoints = [Endpoint(c) for c in configs]
         for e in self.endpoints:
-            e.record = replace(e.record, limit=limits.capped(e.record.limit, self._cap(e, e.record)))
+            e.record = replace(e.record, limit=limits.capped(e.record.limit, e.cap(e.record)))
         self.by_url = {e.url: e for e in self.endpoints}
         self.store = store or MemoryStore()
         self.configured = configured
@@ -146,8 +60,8 @@ class Fleet:
         self._clock = clock
         #: Waiting calls: plain ones by priority, and the few that may not use every
         #: endpoint (retries excluding one) or must probe.
-        self._waiters: list[_Waiter] = []
-        self._special: list[_Waiter] = []
+        self._waiters: list[Waiter] = []
+        self._special: list[Waiter] = []
         self._arrivals = itertools.count()
         self._waiting = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -160,33 +74,12 @@ class Fleet:
         #: Called with (endpoint, up) when an endpoint leaves or rejoins the rotation.
         self.listeners: list[Callable[[Endpoint, bool], None]] = []
 
-    # ------------------------------------------------------------------ reading
-
-    @property
-    def urls(self) -> list[str]:
-        return [e.url for e in self.endpoints]
-
     @property
     def demand(self) -> int:
         return self._waiting + sum(e.in_flight for e in self.endpoints)
 
-    def overview(self) -> list[dict[str, Any]]:
-        """Each endpoint as this process sees it (embedded mode's /readyz)."""
-        return [self._endpoint_report(e) for e in self.endpoints]
-
-    def _endpoint_report(self, e: Endpoint) -> dict[str, Any]:
-        return {
-            "in_flight": e.in_flight,
-            "up": e.health.up,
-            "since": e.health.since.isoformat(timespec="seconds"),
-            "reason": e.health.reason,
-            "outages": e.health.outages,
-            "latency_s": e.latency.ewma,
-            "limit": round(e.limit, 2),
-            "share": e.share,
-            "cooling_s": max(0.0, round(e.cool_until - self._clock(), 3)),
-            "counts": dict(e.counts),
-        }
+    def _reset_waiters(self) -> None:
+        self._waiters, self._special = [], []
 
     # ------------------------------------------------------------------ acquiring
 
@@ -205,7 +98,7 @@ class Fleet:
                 return lease
         if not self._candidates_alive(exclude, force_probe):
             raise AllEndpointsDown(self._down_reasons(exclude))
-        waiter = _Waiter(
+        waiter = Waiter(
             (-CALL_PRIORITY.get(), next(self._arrivals)),
             exclude,
             force_probe,
@@ -282,7 +175,7 @@ class Fleet:
             heapq.heappop(self._waiters)
         self._arm_timer()
 
-    def _serve(self, waiter: _Waiter) -> bool:
+    def _serve(self, waiter: Waiter) -> bool:
         """Place a waiting call, or fail it when nothing can take it; False: it waits on."""
         if waiter.future.done():
             return True
@@ -320,261 +213,3 @@ class Fleet:
         if lease.probe and e.health.probing:
             e.health.probe_abandoned()
         self._dispatch()
-
-    def answered(self, lease: Lease, latency_s: float | None, rates: RateHeaders | None = None) -> None:
-        """The endpoint answered (any HTTP answer but a 429 or a 5xx); ``latency_s`` of a
-        completion (None: an error answer, which says nothing of the server's pace)."""
-        e = lease.endpoint
-        e.counts["answered"] += 1
-        if e.health.answered():
-            self._notify(e, True)
-        if latency_s is None:
-            return
-        if e.latency.observe(latency_s):
-            self._cut(lease, limits.LATENCY_CUT)
-            e.latency.forget_recent()
-        elif e.in_flight * 2 >= e.share and not e.record.limit.epoch > lease.epoch:
-            # Busy (at least half its share in flight, this call included): the answer
-            # says the endpoint kept pace with that load, so it may take more.
-            e.grown += 1
-            e.record = replace(e.record, limit=limits.grow(e.record.limit, 1))
-        if rates is not None:
-            self._learn_rates(e, rates)
-
-    def rate_limited(self, lease: Lease, rates: RateHeaders) -> None:
-        """A 429: the endpoint is alive but wants fewer calls. It cools for its
-        retry-after; without a rate in its headers, the rate it accepted just before
-        becomes its pace (once per round), or failing that its concurrency is cut."""
-        e = lease.endpoint
-        now = self._clock()
-        e.counts["rate_limited"] += 1
-        e.last_429 = now
-        e.refused.append(lease.sent_at)
-        if e.health.answered():
-            self._notify(e, True)
-        e.cool_until = max(e.cool_until, now + (rates.wait_s if rates.wait_s is not None else DEFAULT_COOL_S))
-        self._learn_rates(e, rates)
-        if e.record.rpm is not None and not e.record.rpm_inferred:
-            return  # the endpoint declared its rate: pacing under it is the answer
-        first = e.inferred_at is None or not e.record.rpm_inferred
-        since = now - ACCEPTED_WINDOW_S if first or e.inferred_at is None else e.inferred_at
-        rpm = inferred_rpm(e.sent, e.refused, since, now)
-        if rpm is None:
-            if first:
-                self._cut(lease, limits.ERROR_CUT)
-            return
-        e.inferred_at = now
-        if e.record.rpm is None or rpm < e.record.rpm:
-            self._set_inferred(e, rpm)
-        self._cut(lease, 1.0)  # slow start ends: the endpoint pushed back
-
-    def failed(self, lease: Lease, outcome: str, reason: str) -> None:
-        """No answer: a connection refused or cut, a timeout, a 5xx."""
-        e = lease.endpoint
-        e.counts[outcome] += 1
-        if e.health.failed(reason, self._clock(), probe=lease.probe):
-            log.warning("judge endpoint %s out of the rotation: %s", e.url, reason)
-            self._notify(e, False)
-        if e.health.up:
-            self._cut(lease, limits.ERROR_CUT)
-
-    def _notify(self, e: Endpoint, up: bool) -> None:
-        if up:
-            log.warning("judge endpoint %s back in the rotation", e.url)
-        for listener in self.listeners:
-            try:
-                listener(e, up)
-            except Exception:
-                log.warning("a judge endpoint listener failed", exc_info=True)
-
-    def _cut(self, lease: Lease, factor: float) -> None:
-        e = lease.endpoint
-        if e.record.limit.epoch > lease.epoch:
-            return  # already cut since this call went out
-        e.record = replace(e.record, limit=limits.cut(e.record.limit, lease.epoch, factor))
-        e.grown = 0.0
-        self._background_update(e, lambda r: replace(r, limit=limits.cut(r.limit, lease.epoch, factor)))
-
-    def _learn_rates(self, e: Endpoint, rates: RateHeaders) -> None:
-        if rates.wait_s is not None and rates.wait_s > 0:
-            e.cool_until = max(e.cool_until, self._clock() + rates.wait_s)
-        known = rates.limits
-        if (known.rpm is not None and known.rpm != e.record.rpm) or (
-            known.tpm is not None and known.tpm != e.record.tpm
-        ):
-            e.record = replace(
-                e.record,
-                rpm=known.rpm if known.rpm is not None else e.record.rpm,
-                tpm=known.tpm or e.record.tpm,
-                rpm_inferred=e.record.rpm_inferred and known.rpm is None,
-            )
-            declared = with_facts(rpm=known.rpm, tpm=known.tpm)
-            self._background_update(
-                e, lambda r: replace(declared(r), rpm_inferred=r.rpm_inferred and known.rpm is None)
-            )
-
-    def _set_inferred(self, e: Endpoint, rpm: float) -> None:
-        e.record = replace(e.record, rpm=rpm, rpm_inferred=True)
-
-        def change(record: EndpointRecord) -> EndpointRecord:
-            if record.rpm is not None and not record.rpm_inferred:
-                return record
-            return replace(record, rpm=rpm, rpm_inferred=True)
-
-        self._background_update(e, change)
-
-    def learn(self, url: str, *, context_tokens: int | None = None, slots: int | None = None) -> None:
-        """What an endpoint says of itself (its context window, its parallel slots)."""
-        e = self.by_url[url]
-        e.record = replace(
-            e.record,
-            context_tokens=context_tokens or e.record.context_tokens,
-            slots=slots or e.record.slots,
-        )
-        e.record = replace(e.record, limit=limits.capped(e.record.limit, self._cap(e, e.record)))
-        self._background_update(e, with_facts(context_tokens=context_tokens, slots=slots))
-
-    def _background_update(self, e: Endpoint, change: Callable[[EndpointRecord], EndpointRecord]) -> None:
-        async def run() -> None:
-            try:
-                record = await self.store.update(e.url, change)
-            except Exception:
-                log.warning("could not share what was learned of %s", e.url, exc_info=True)
-                return
-            self._adopt(e, record)
-            self._dispatch()
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    # ------------------------------------------------------------------ pacing
-
-    async def pace(self, lease: Lease, tokens: float) -> None:
-        """Wait for the call's turn under every rate limit that applies to it."""
-        e = lease.endpoint
-        schedules: list[tuple[str, float, float]] = []
-        if self.configured.rpm:
-            schedules.append((f"fleet:{self.store_scope}:rpm", 1.0, self.configured.rpm / 60))
-        if self.configured.tpm:
-            schedules.append((f"fleet:{self.store_scope}:tpm", tokens, self.configured.tpm / 60))
-        if e.record.rpm:
-            schedules.append((f"{e.url}:rpm", 1.0, e.record.rpm / 60))
-        if e.record.tpm:
-            schedules.append((f"{e.url}:tpm", tokens, e.record.tpm / 60))
-        wait = 0.0
-        for key, cost, rate in schedules:
-            wait = max(wait, await self.store.reserve(key, cost, rate))
-            if key.endswith(":tpm"):
-                lease.reserved_tokens = tokens
-        if wait > 0:
-            e.paced_s += wait
-            await asyncio.sleep(wait)
-        lease.sent_at = self._clock()
-        e.sent.append(lease.sent_at)
-
-    async def settle_tokens(self, lease: Lease, used: float) -> None:
-        """Give back what a call reserved under a tokens-per-minute pace beyond its usage."""
-        unused = lease.reserved_tokens - used
-        if unused <= 0:
-            return
-        e = lease.endpoint
-        if self.configured.tpm:
-            await self.store.refund(f"fleet:{self.store_scope}:tpm", unused, self.configured.tpm / 60)
-        if e.record.tpm:
-            await self.store.refund(f"{e.url}:tpm", unused, e.record.tpm / 60)
-
-    @property
-    def store_scope(self) -> str:
-        return getattr(self.store, "scope", "local")
-
-    # ------------------------------------------------------------------ sharing
-
-    async def _started(self) -> None:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            # A new event loop (the engine's, or a synchronous call's short-lived one):
-            # what was bound to the old one cannot be awaited here.
-            self._loop = loop
-            self._sync_task, self._timer = None, None
-            self._synced, self._wake_sync = asyncio.Event(), asyncio.Event()
-            self._waiters, self._special = [], []
-        if self._sync_task is None or self._sync_task.done():
-            self._sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
-        if not self._synced.is_set():
-            await self._synced.wait()
-
-    async def _sync_loop(self) -> None:
-        while True:
-            try:
-                await self.sync()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning("could not share the judge fleet's state; retrying", exc_info=True)
-            finally:
-                self._synced.set()
-            self._wake_sync.clear()
-            interval = SYNC_ACTIVE_S if self.demand else SYNC_IDLE_S
-            try:
-                await asyncio.wait_for(self._wake_sync.wait(), interval)
-            except TimeoutError:
-                pass
-            if self._wake_sync.is_set():
-                await asyncio.sleep(0.02)  # gather a burst of arrivals into one report
-
-    async def sync(self) -> None:
-        """Publish this process's demand and learning; adopt the fleet's records and share."""
-        now = self._clock()
-        elapsed, self._last_sync = now - self._last_sync, now
-        for e in self.endpoints:
-            grown, e.grown = e.grown, 0.0
-            if grown:
-                self._adopt(e, await self.store.update(e.url, _growth(grown)))
-            paced, e.paced_s = e.paced_s, 0.0
-            if e.record.rpm_inferred and paced > 0 and now - e.last_429 > QUIET_S:
-                self._adopt(e, await self.store.update(e.url, _probe_rate(min(elapsed, 1.0))))
-        report = ProcessReport(
-            self.process, time.time(), self.demand, {e.url: self._endpoint_report(e) for e in self.endpoints}
-        )
-        records, fraction = await self.store.sync(report, self.urls)
-        for e in self.endpoints:
-            e.fraction = fraction
-            self._adopt(e, records[e.url])
-        self._dispatch()
-
-    def _adopt(self, e: Endpoint, record: EndpointRecord) -> None:
-        """Take the fleet's record, keeping the growth of this process not shared yet."""
-        limit = limits.capped(record.limit, self._cap(e, record))
-        if e.grown:
-            limit = limits.grow(limit, e.grown)
-        e.record = replace(record, limit=limit)
-
-    @staticmethod
-    def _cap(e: Endpoint, record: EndpointRecord) -> float | None:
-        caps = [c for c in (e.config.max_concurrency, record.slots) if c]
-        return float(min(caps)) if caps else None
-
-    async def aclose(self) -> None:
-        if self._sync_task is not None:
-            self._sync_task.cancel()
-            try:
-                await self._sync_task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing
-                pass
-            self._sync_task = None
-            self._synced = asyncio.Event()
-        await self.store.aclose()
-
-
-def _growth(answers: float) -> Callable[[EndpointRecord], EndpointRecord]:
-    return lambda r: replace(r, limit=limits.grow(r.limit, answers))
-
-
-def _probe_rate(seconds: float) -> Callable[[EndpointRecord], EndpointRecord]:
-    def change(record: EndpointRecord) -> EndpointRecord:
-        if not record.rpm_inferred or record.rpm is None:
-            return record
-        return replace(record, rpm=probed_rpm(record.rpm, seconds))
-
-    return change

@@ -1,0 +1,175 @@
+"""What the fleet learns from each exchange: health, limits, rate limits.
+
+An answer at normal latency from a busy endpoint grows its limit; a 429, a 5xx, a
+connect failure or an answer slowed by queueing cuts it (:mod:`~drcredit.judges.fleet.limits`);
+a 429 cools the endpoint for its ``retry-after`` and teaches its rate
+(:mod:`~drcredit.judges.fleet.rates`); failures without an answer take it out of the
+rotation (:mod:`~drcredit.judges.fleet.health`). What is learned goes to the shared
+record at once (:mod:`~drcredit.judges.fleet.sharing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from drcredit import metrics
+from drcredit.judges.fleet import limits
+from drcredit.judges.fleet.rates import ACCEPTED_WINDOW_S, RateHeaders, inferred_rpm
+from drcredit.judges.fleet.state import Endpoint, Lease
+from drcredit.judges.fleet.store import EndpointRecord, FleetStore, with_facts
+
+log = logging.getLogger("drcredit.judges.fleet")
+
+#: A 429 without retry-after keeps the endpoint cool this long.
+DEFAULT_COOL_S = 1.0
+
+
+class Learning:
+    """The fleet's handling of exchange outcomes (a part of :class:`~drcredit.judges.fleet.router.Fleet`)."""
+
+    by_url: dict[str, Endpoint]
+    store: FleetStore
+    listeners: list[Callable[[Endpoint, bool], None]]
+    _clock: Callable[[], float]
+    _background: set[asyncio.Task[Any]]
+
+    def _dispatch(self) -> None:
+        raise NotImplementedError
+
+    def _adopt(self, e: Endpoint, record: EndpointRecord) -> None:
+        raise NotImplementedError
+
+    def _count(self, e: Endpoint, outcome: str) -> None:
+        e.counts[outcome] += 1
+        metrics.JUDGE_ENDPOINT_RESPONSES.labels(e.url, outcome).inc()
+
+    def answered(self, lease: Lease, latency_s: float | None, rates: RateHeaders | None = None) -> None:
+        """The endpoint answered (any HTTP answer but a 429 or a 5xx); ``latency_s`` of a
+        completion (None: an error answer, which says nothing of the server's pace)."""
+        e = lease.endpoint
+        self._count(e, "answered")
+        if e.health.answered():
+            self._notify(e, True)
+        if latency_s is None:
+            return
+        if e.latency.observe(latency_s):
+            self._cut(lease, limits.LATENCY_CUT)
+            e.latency.forget_recent()
+        elif e.in_flight * 2 >= e.share and not e.record.limit.epoch > lease.epoch:
+            # Busy (at least half its share in flight, this call included): the answer
+            # says the endpoint kept pace with that load, so it may take more.
+            e.grown += 1
+            e.record = replace(e.record, limit=limits.grow(e.record.limit, 1))
+        if rates is not None:
+            self._learn_rates(e, rates)
+
+    def rate_limited(self, lease: Lease, rates: RateHeaders) -> None:
+        """A 429: the endpoint is alive but wants fewer calls. It cools for its
+        retry-after; without a rate in its headers, the rate it accepted just before
+        becomes its pace (once per round), or failing that its concurrency is cut."""
+        e = lease.endpoint
+        now = self._clock()
+        self._count(e, "rate_limited")
+        e.last_429 = now
+        e.refused.append(lease.sent_at)
+        if e.health.answered():
+            self._notify(e, True)
+        e.cool_until = max(e.cool_until, now + (rates.wait_s if rates.wait_s is not None else DEFAULT_COOL_S))
+        self._learn_rates(e, rates)
+        if e.record.rpm is not None and not e.record.rpm_inferred:
+            return  # the endpoint declared its rate: pacing under it is the answer
+        first = e.inferred_at is None or not e.record.rpm_inferred
+        since = now - ACCEPTED_WINDOW_S if first or e.inferred_at is None else e.inferred_at
+        rpm = inferred_rpm(e.sent, e.refused, since, now)
+        if rpm is None:
+            if first:
+                self._cut(lease, limits.ERROR_CUT)
+            return
+        e.inferred_at = now
+        if e.record.rpm is None or rpm < e.record.rpm:
+            self._set_inferred(e, rpm)
+        self._cut(lease, 1.0)  # slow start ends: the endpoint pushed back
+
+    def failed(self, lease: Lease, outcome: str, reason: str) -> None:
+        """No answer: a connection refused or cut, a timeout, a 5xx."""
+        e = lease.endpoint
+        self._count(e, outcome)
+        if e.health.failed(reason, self._clock(), probe=lease.probe):
+            log.warning("judge endpoint %s out of the rotation: %s", e.url, reason)
+            self._notify(e, False)
+        if e.health.up:
+            self._cut(lease, limits.ERROR_CUT)
+
+    def _notify(self, e: Endpoint, up: bool) -> None:
+        if up:
+            log.warning("judge endpoint %s back in the rotation", e.url)
+        for listener in self.listeners:
+            try:
+                listener(e, up)
+            except Exception:
+                log.warning("a judge endpoint listener failed", exc_info=True)
+
+    def _cut(self, lease: Lease, factor: float) -> None:
+        e = lease.endpoint
+        if e.record.limit.epoch > lease.epoch:
+            return  # already cut since this call went out
+        e.record = replace(e.record, limit=limits.cut(e.record.limit, lease.epoch, factor))
+        e.grown = 0.0
+        self._background_update(e, lambda r: replace(r, limit=limits.cut(r.limit, lease.epoch, factor)))
+
+    def _learn_rates(self, e: Endpoint, rates: RateHeaders) -> None:
+        if rates.wait_s is not None and rates.wait_s > 0:
+            e.cool_until = max(e.cool_until, self._clock() + rates.wait_s)
+        known = rates.limits
+        if (known.rpm is not None and known.rpm != e.record.rpm) or (
+            known.tpm is not None and known.tpm != e.record.tpm
+        ):
+            e.record = replace(
+                e.record,
+                rpm=known.rpm if known.rpm is not None else e.record.rpm,
+                tpm=known.tpm or e.record.tpm,
+                rpm_inferred=e.record.rpm_inferred and known.rpm is None,
+            )
+            declared = with_facts(rpm=known.rpm, tpm=known.tpm)
+            self._background_update(
+                e, lambda r: replace(declared(r), rpm_inferred=r.rpm_inferred and known.rpm is None)
+            )
+
+    def _set_inferred(self, e: Endpoint, rpm: float) -> None:
+        e.record = replace(e.record, rpm=rpm, rpm_inferred=True)
+
+        def change(record: EndpointRecord) -> EndpointRecord:
+            if record.rpm is not None and not record.rpm_inferred:
+                return record
+            return replace(record, rpm=rpm, rpm_inferred=True)
+
+        self._background_update(e, change)
+
+    def learn(self, url: str, *, context_tokens: int | None = None, slots: int | None = None) -> None:
+        """What an endpoint says of itself (its context window, its parallel slots)."""
+        e = self.by_url[url]
+        e.record = replace(
+            e.record,
+            context_tokens=context_tokens or e.record.context_tokens,
+            slots=slots or e.record.slots,
+        )
+        e.record = replace(e.record, limit=limits.capped(e.record.limit, e.cap(e.record)))
+        self._background_update(e, with_facts(context_tokens=context_tokens, slots=slots))
+
+    def _background_update(self, e: Endpoint, change: Callable[[EndpointRecord], EndpointRecord]) -> None:
+        async def run() -> None:
+            try:
+                record = await self.store.update(e.url, change)
+            except Exception:
+                log.warning("could not share what was learned of %s", e.url, exc_info=True)
+                return
+            self._adopt(e, record)
+            self._dispatch()
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,258 @@
+"""What the fleet shares between processes, and how calls are paced under rate limits.
+
+A few times a second each process publishes its demand and its view of each endpoint
+and adopts the fleet's records and its share of each limit
+(:mod:`~drcredit.judges.fleet.store`); the same reports make ``/readyz`` and the
+metrics. Calls under a rate limit reserve their turn on a schedule every process
+shares (:mod:`~drcredit.judges.fleet.rates`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from drcredit import metrics
+from drcredit.judges.fleet import limits
+from drcredit.judges.fleet.rates import QUIET_S, RateLimits, probed_rpm
+from drcredit.judges.fleet.state import Endpoint, Lease
+from drcredit.judges.fleet.store import EndpointRecord, FleetStore, ProcessReport
+
+log = logging.getLogger("drcredit.judges.fleet")
+
+#: Seconds between two reports of this process while it has calls (and when idle).
+SYNC_ACTIVE_S = 0.2
+SYNC_IDLE_S = 1.0
+
+
+class Sharing:
+    """The fleet's reports, shared records and paced schedules (a part of
+    :class:`~drcredit.judges.fleet.router.Fleet`)."""
+
+    endpoints: list[Endpoint]
+    store: FleetStore
+    configured: RateLimits
+    process: str
+    _clock: Callable[[], float]
+    _loop: asyncio.AbstractEventLoop | None
+    _timer: asyncio.TimerHandle | None
+    _sync_task: asyncio.Task[None] | None
+    _synced: asyncio.Event
+    _wake_sync: asyncio.Event
+    _last_sync: float
+
+    @property
+    def urls(self) -> list[str]:
+        return [e.url for e in self.endpoints]
+
+    @property
+    def demand(self) -> int:
+        raise NotImplementedError
+
+    def _dispatch(self) -> None:
+        raise NotImplementedError
+
+    def _reset_waiters(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ reading
+
+    def overview(self) -> list[dict[str, Any]]:
+        """Each endpoint as this process sees it (embedded mode's /readyz)."""
+        return [self._endpoint_report(e) for e in self.endpoints]
+
+    def _endpoint_report(self, e: Endpoint) -> dict[str, Any]:
+        return {
+            "in_flight": e.in_flight,
+            "up": e.health.up,
+            "since": e.health.since.isoformat(timespec="seconds"),
+            "reason": e.health.reason,
+            "outages": e.health.outages,
+            "latency_s": e.latency.ewma,
+            "limit": round(e.limit, 2),
+            "share": e.share,
+            "cooling_s": max(0.0, round(e.cool_until - self._clock(), 3)),
+            "counts": dict(e.counts),
+        }
+
+    # ------------------------------------------------------------------ pacing
+
+    async def pace(self, lease: Lease, tokens: float) -> None:
+        """Wait for the call's turn under every rate limit that applies to it."""
+        e = lease.endpoint
+        schedules: list[tuple[str, float, float]] = []
+        if self.configured.rpm:
+            schedules.append((f"fleet:{self.store_scope}:rpm", 1.0, self.configured.rpm / 60))
+        if self.configured.tpm:
+            schedules.append((f"fleet:{self.store_scope}:tpm", tokens, self.configured.tpm / 60))
+        if e.record.rpm:
+            schedules.append((f"{e.url}:rpm", 1.0, e.record.rpm / 60))
+        if e.record.tpm:
+            schedules.append((f"{e.url}:tpm", tokens, e.record.tpm / 60))
+        wait = 0.0
+        for key, cost, rate in schedules:
+            wait = max(wait, await self.store.reserve(key, cost, rate))
+            if key.endswith(":tpm"):
+                lease.reserved_tokens = tokens
+        if wait > 0:
+            e.paced_s += wait
+            await asyncio.sleep(wait)
+        lease.sent_at = self._clock()
+        e.sent.append(lease.sent_at)
+
+    async def settle_tokens(self, lease: Lease, used: float) -> None:
+        """Give back what a call reserved under a tokens-per-minute pace beyond its usage."""
+        unused = lease.reserved_tokens - used
+        if unused <= 0:
+            return
+        e = lease.endpoint
+        if self.configured.tpm:
+            await self.store.refund(f"fleet:{self.store_scope}:tpm", unused, self.configured.tpm / 60)
+        if e.record.tpm:
+            await self.store.refund(f"{e.url}:tpm", unused, e.record.tpm / 60)
+
+    @property
+    def store_scope(self) -> str:
+        return getattr(self.store, "scope", "local")
+
+    # ------------------------------------------------------------------ sharing
+
+    async def _started(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            # A new event loop (the engine's, or a synchronous call's short-lived one):
+            # what was bound to the old one cannot be awaited here.
+            self._loop = loop
+            self._sync_task, self._timer = None, None
+            self._synced, self._wake_sync = asyncio.Event(), asyncio.Event()
+            self._reset_waiters()
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
+        if not self._synced.is_set():
+            await self._synced.wait()
+
+    async def _sync_loop(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("could not share the judge fleet's state; retrying", exc_info=True)
+            finally:
+                self._synced.set()
+            self._wake_sync.clear()
+            interval = SYNC_ACTIVE_S if self.demand else SYNC_IDLE_S
+            try:
+                await asyncio.wait_for(self._wake_sync.wait(), interval)
+            except TimeoutError:
+                pass
+            if self._wake_sync.is_set():
+                await asyncio.sleep(0.02)  # gather a burst of arrivals into one report
+
+    async def sync(self) -> None:
+        """Publish this process's demand and learning; adopt the fleet's records and share."""
+        now = self._clock()
+        elapsed, self._last_sync = now - self._last_sync, now
+        for e in self.endpoints:
+            grown, e.grown = e.grown, 0.0
+            if grown:
+                self._adopt(e, await self.store.update(e.url, _growth(grown)))
+            paced, e.paced_s = e.paced_s, 0.0
+            if e.record.rpm_inferred and paced > 0 and now - e.last_429 > QUIET_S:
+                self._adopt(e, await self.store.update(e.url, _probe_rate(min(elapsed, 1.0))))
+        report = ProcessReport(
+            self.process, time.time(), self.demand, {e.url: self._endpoint_report(e) for e in self.endpoints}
+        )
+        records, fraction = await self.store.sync(report, self.urls)
+        for e in self.endpoints:
+            e.fraction = fraction
+            self._adopt(e, records[e.url])
+            self._export(e)
+        self._dispatch()
+
+    @staticmethod
+    def _export(e: Endpoint) -> None:
+        metrics.JUDGE_ENDPOINT_IN_FLIGHT.labels(e.url).set(e.in_flight)
+        metrics.JUDGE_ENDPOINT_LIMIT.labels(e.url).set(e.limit)
+        metrics.JUDGE_ENDPOINT_SHARE.labels(e.url).set(e.share)
+        metrics.JUDGE_ENDPOINT_UP.labels(e.url).set(1 if e.health.up else 0)
+        if e.latency.ewma is not None:
+            metrics.JUDGE_ENDPOINT_LATENCY.labels(e.url).set(e.latency.ewma)
+        if e.record.rpm is not None:
+            metrics.JUDGE_ENDPOINT_RPM.labels(e.url).set(e.record.rpm)
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each endpoint as every live process of the deployment sees it, with the
+        fleet's record of it (from any thread: /readyz)."""
+        reports = self.store.reports()
+        records = self.store.records(self.urls)
+        out = []
+        for e in self.endpoints:
+            views = [r.endpoints[e.url] for r in reports if e.url in r.endpoints]
+            record = records[e.url]
+            ups = [bool(v.get("up")) for v in views]
+            latencies = [v["latency_s"] for v in views if v.get("latency_s") is not None]
+            counts: Counter[str] = Counter()
+            for v in views:
+                counts.update(v.get("counts") or {})
+            down = [v for v in views if not v.get("up")]
+            out.append(
+                {
+                    "endpoint": e.url,
+                    # idle: no process has called it yet; mixed: some processes have it
+                    # out of their rotation, others not.
+                    "state": "idle" if not views else "up" if all(ups) else "down" if not any(ups) else "mixed",
+                    "processes": len(views),
+                    "in_flight": sum(int(v.get("in_flight") or 0) for v in views),
+                    "limit": round(record.limit.limit, 2),
+                    "slow_start": record.limit.slow_start,
+                    "latency_s": round(sum(latencies) / len(latencies), 4) if latencies else None,
+                    "answered": counts["answered"],
+                    "rate_limited": counts["rate_limited"],
+                    "failed": counts["connection"] + counts["timeout"] + counts["server_error"],
+                    "requests_per_minute": round(record.rpm, 1) if record.rpm is not None else None,
+                    "rate_source": None if record.rpm is None else "inferred" if record.rpm_inferred else "declared",
+                    "tokens_per_minute": record.tpm,
+                    "context_tokens": record.context_tokens or e.config.context_tokens,
+                    "slots": record.slots,
+                    "reason": down[0].get("reason") if down else None,
+                }
+            )
+        return out
+
+    def _adopt(self, e: Endpoint, record: EndpointRecord) -> None:
+        """Take the fleet's record, keeping the growth of this process not shared yet."""
+        limit = limits.capped(record.limit, e.cap(record))
+        if e.grown:
+            limit = limits.grow(limit, e.grown)
+        e.record = replace(record, limit=limit)
+
+    async def aclose(self) -> None:
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+            try:
+                await self._sync_task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing
+                pass
+            self._sync_task = None
+            self._synced = asyncio.Event()
+        await self.store.aclose()
+
+
+def _growth(answers: float) -> Callable[[EndpointRecord], EndpointRecord]:
+    return lambda r: replace(r, limit=limits.grow(r.limit, answers))
+
+
+def _probe_rate(seconds: float) -> Callable[[EndpointRecord], EndpointRecord]:
+    def change(record: EndpointRecord) -> EndpointRecord:
+        if not record.rpm_inferred or record.rpm is None:
+            return record
+        return replace(record, rpm=probed_rpm(record.rpm, seconds))
+
+    return change
