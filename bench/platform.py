@@ -120,8 +120,9 @@ def wait_log(proc: Proc, needle: bytes, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def start_judge(stack: Stack, latency: float, sigma: float) -> str:
-    port = free_port()
+def start_judge(stack: Stack, latency: float, sigma: float, extra: list[str] | None = None, port: int = 0) -> str:
+    """A simulated judge process (``extra``: more ``bench.judge_sim`` flags)."""
+    port = port or free_port()
     argv = [
         sys.executable,
         "-m",
@@ -132,6 +133,7 @@ def start_judge(stack: Stack, latency: float, sigma: float) -> str:
         str(latency),
         "--lognormal-sigma",
         str(sigma),
+        *(extra or []),
     ]
     stack.spawn("judge", argv, dict(os.environ))
     wait_http(f"http://127.0.0.1:{port}/stats")

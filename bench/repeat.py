@@ -55,6 +55,7 @@ def one_run(api: str, groups: list[dict[str, Any]], database_url: str) -> dict[s
                 break
         wall = time.perf_counter() - started
         received_at = time.time()
+        advantages = {g["group_id"]: g for g in r.json()["groups"]}
         credits = {g["group_id"]: client.get(f"{api}/v1/groups/{g['group_id']}/credits").json() for g in groups}
     with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
         rows = conn.execute(
@@ -70,6 +71,7 @@ def one_run(api: str, groups: list[dict[str, Any]], database_url: str) -> dict[s
         "wall_s": wall,
         "posted_at": posted_at,
         "credits": credits,
+        "advantages": advantages,
         "polls": polls,
         "last_group_stored_s": stored[-1],
         "groups_done_s": {"p50": percentile(done, 0.5), "p90": percentile(done, 0.9), "last": done[-1]},
@@ -211,6 +213,7 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
                     httpx.post(f"{judge}/reset")
                     reference = reference_ms()
                     run = one_run(api, step, db)
+                    run.pop("advantages")
                     calls = httpx.get(f"{judge}/stats").json()["requests"]
                     bound = max(critical_path_calls(step, run.pop("credits")), 1) * args.latency
                     run.update(

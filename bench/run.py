@@ -35,6 +35,8 @@ import psycopg
 import redis
 
 from bench.baseline import as_documents, score_step
+from bench.conditions import CONDITIONS, section_judges
+from bench.conditions import condition_table as judges_table
 from bench.longpoll import section_longpoll
 from bench.longpoll import table as longpoll_table
 from bench.paths import calls_saved, critical_path_calls, naive_calls, percentile, rollout_critical_path
@@ -550,7 +552,7 @@ def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = []
+    lines = [judges_table(name, rep) for name, rep in results.get("judges", {}).items()]
     if "repeat" in results:
         lines.append(repeat_table(results["repeat"]))
     if "longpoll" in results:
@@ -657,8 +659,15 @@ def main() -> None:
     parser.add_argument(
         "--sections",
         default="step,dispatch,streaming,calls",
-        help="any of step, dispatch, streaming, calls, outcome, repeat, longpoll",
+        help="any of step, dispatch, streaming, calls, outcome, repeat, longpoll, judges",
     )
+    parser.add_argument(
+        "--judges",
+        default=",".join(CONDITIONS),
+        help="judges section: the judge conditions to run the step against (" + ", ".join(CONDITIONS) + ")",
+    )
+    parser.add_argument("--judge-rate", type=float, default=150.0, help="judges section: the rate limit (requests/s)")
+    parser.add_argument("--slow-factor", type=float, default=3.0, help="judges section: the slow replica's latency x")
     parser.add_argument(
         "--repeat",
         type=int,
@@ -691,7 +700,7 @@ def main() -> None:
 
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine()}
     sections = set(args.sections.split(","))
-    if args.repeat > 1:
+    if args.repeat > 1 and "judges" not in sections:
         sections.add("repeat")
     if "step" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
@@ -710,6 +719,9 @@ def main() -> None:
     if "outcome" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
         section_outcome(args, groups, results)
+    if "judges" in sections:
+        groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
+        section_judges(args, groups, results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results))

@@ -102,7 +102,7 @@ def test_every_link_of_the_post_answer_leads_somewhere(client: TestClient) -> No
     assert client.get(links["credits"]).status_code == 200
     page = client.get(links["viewer"])
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert '<code id="group-name">g-links</code>' in page.text
+    assert '<code id="group-name" data-text>g-links</code>' in page.text
 
 
 def test_idempotent_repost_and_conflict(client: TestClient, marker_judge: JudgeServer) -> None:

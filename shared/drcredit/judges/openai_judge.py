@@ -155,7 +155,7 @@ class OpenAIJudge(Judge):
         self.response_format: ResponseFormat = response_format
         self.extra_body = extra_body or {}
         self.keepalive_s = keepalive_s
-        self.fleet: Fleet = Fleet(self.endpoints, store=store, configured=rates)
+        self.fleet: Fleet = Fleet(self.endpoints, store=store, configured=rates, prober=self._health_check)
         #: Per endpoint: the structured output it takes (``auto`` until a 400 names it).
         self._formats: dict[str, ResponseFormat] = {e.url: response_format for e in self.endpoints}
         self._ratios: dict[str, TokenRatio] = {e.url: TokenRatio() for e in self.endpoints}
@@ -389,6 +389,22 @@ class OpenAIJudge(Judge):
         context, slots = served_context(models, props)
         if context or slots:
             self.fleet.learn(e.url, context_tokens=context, slots=slots)
+
+    async def _health_check(self, e: EndpointConfig) -> str | None:
+        """An endpoint out of the rotation answers at all (None), or why it does not."""
+        try:
+            await self._client(e).get(
+                e.url + "/models",
+                cast_to=httpx2.Response,
+                options={"max_retries": 0, "timeout": self.connect_timeout_s},
+            )
+        except openai.APIStatusError:
+            pass  # an answer of any status: the server is there
+        except openai.APIError as exc:
+            cause = exc.__cause__ or exc
+            return f"health check: {type(cause).__name__}: {cause}"
+        self._discovered.pop(e.url, None)  # ask it again what it serves
+        return None
 
 
 async def _get_json(client: AsyncOpenAI, url: str) -> Any:

@@ -304,9 +304,8 @@ def _judgment(j: m.Judgment) -> dict[str, Any]:
         latency_s=j.latency_s,
         prompt_tokens=j.prompt_tokens,
         completion_tokens=j.completion_tokens,
-        attempts=[
-            {"number": a["number"], "outcome": a["outcome"], "error": a["error"], "latency_s": a["latency_s"]}
-            for a in j.attempts or ()
-        ],
+        # Every exchange as recorded (judges/attempts.py: outcome, latency, tokens, the
+        # endpoint and model, whether it was spent against the judgment's attempts).
+        attempts=[dict(a) for a in j.attempts or ()],
     )
     return out

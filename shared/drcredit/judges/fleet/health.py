@@ -2,8 +2,9 @@
 
 An endpoint that fails :data:`FAILURES_TO_OPEN` calls in a row without answering (a
 refused or dropped connection, a timeout, a 5xx) is taken out of the rotation; its calls
-go to the others. While out it is offered one call at a time as a probe, at intervals
-growing from :data:`PROBE_INITIAL_S` to :data:`PROBE_MAX_S`; any answer brings it back.
+go to the others. While out it is health-checked (a request of its own, not a judge
+call) at intervals growing from :data:`PROBE_INITIAL_S` to :data:`PROBE_MAX_S`; any
+answer brings it back.
 A 429 is an answer: the endpoint is alive and only asks for fewer calls
 (:mod:`drcredit.judges.fleet.limits`). Only when every endpoint is out is the judge
 unreachable, the outage the judge's own breaker (:mod:`drcredit.judges.breaker`) waits out.
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 
 FAILURES_TO_OPEN = 3
 PROBE_INITIAL_S = 0.5
-PROBE_MAX_S = 15.0
+PROBE_MAX_S = 5.0
 
 
 class EndpointHealth:

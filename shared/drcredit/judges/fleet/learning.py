@@ -14,11 +14,17 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drcredit import metrics
 from drcredit.judges.fleet import limits
-from drcredit.judges.fleet.rates import ACCEPTED_WINDOW_S, RateHeaders, inferred_rpm
+from drcredit.judges.fleet.rates import (
+    ACCEPTED_WINDOW_S,
+    RATE_CUT,
+    RATE_CUT_SPACING_S,
+    RateHeaders,
+    inferred_rpm,
+)
 from drcredit.judges.fleet.state import Endpoint, Lease
 from drcredit.judges.fleet.store import EndpointRecord, FleetStore, with_facts
 
@@ -37,11 +43,11 @@ class Learning:
     _clock: Callable[[], float]
     _background: set[asyncio.Task[Any]]
 
-    def _dispatch(self) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by the Fleet and its other parts
 
-    def _adopt(self, e: Endpoint, record: EndpointRecord) -> None:
-        raise NotImplementedError
+        def _dispatch(self) -> None: ...
+
+        def _adopt(self, e: Endpoint, record: EndpointRecord) -> None: ...
 
     def _count(self, e: Endpoint, outcome: str) -> None:
         e.counts[outcome] += 1
@@ -88,6 +94,16 @@ class Learning:
         if rpm is None:
             if first:
                 self._cut(lease, limits.ERROR_CUT)
+            elif (
+                e.record.rpm is not None
+                and e.inferred_at is not None
+                and lease.sent_at > e.inferred_at
+                and now - e.rate_cut_at >= RATE_CUT_SPACING_S
+            ):
+                # Refused at the pace just inferred, too soon to measure again: the
+                # pace was too high; lower it at once (once per RATE_CUT_SPACING_S).
+                e.rate_cut_at = now
+                self._set_inferred(e, e.record.rpm * RATE_CUT)
             return
         e.inferred_at = now
         if e.record.rpm is None or rpm < e.record.rpm:

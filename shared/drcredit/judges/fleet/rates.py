@@ -32,8 +32,12 @@ MAX_RETRY_AFTER_S = 60.0
 #: per second, so a quota raised later is found again.
 ACCEPTED_WINDOW_S = 2.0
 INFERRED_MARGIN = 0.95
-#: The shortest span a rate is measured over (a first burst says little).
+#: The shortest span a rate is measured over (a first burst says little). Refused again
+#: at the pace just inferred, before that span: the pace is cut by :data:`RATE_CUT`, at
+#: most once per :data:`RATE_CUT_SPACING_S`.
 MIN_SPAN_S = 0.25
+RATE_CUT = 0.8
+RATE_CUT_SPACING_S = 0.05
 QUIET_S = 2.0
 RATE_PROBE = 0.05
 
@@ -76,21 +80,23 @@ def refund(tat: float, now: float, cost: float, rate_per_s: float) -> float:
 
 
 def inferred_rpm(sent_at: Iterable[float], refused_at: Iterable[float], since: float, now: float) -> float | None:
-    """Requests per minute a judge accepted from ``since`` to its 429, with a margin: the
-    calls sent in that span less those it refused. A call still in flight counts as
-    accepted (a quota refuses at once). None when the span is shorter than
-    :data:`MIN_SPAN_S` (too little to measure) or it accepted nothing.
+    """Requests per minute a judge accepted from ``since`` (or its first call after it)
+    to its 429, with a margin: the calls sent in that span less those it refused. A
+    call still in flight counts as accepted (a quota refuses at once). None when the
+    span is shorter than :data:`MIN_SPAN_S` or it accepted nothing.
 
     The first 429 measures over :data:`ACCEPTED_WINDOW_S` before it, which overstates a
     quota whose bucket was full; every later one measures from the previous inference,
     a span in which calls were sent faster than the quota refills, so the accepted
     calls are its refill rate.
     """
-    span = now - since
+    sent = [t for t in sent_at if since <= t <= now]
+    if not sent:
+        return None
+    span = now - min(sent)
     if span < MIN_SPAN_S:
         return None
-    sent = sum(1 for t in sent_at if since <= t <= now)
-    accepted = sent - sum(1 for t in refused_at if since <= t <= now)
+    accepted = len(sent) - sum(1 for t in refused_at if since <= t <= now)
     if accepted <= 0:
         return None
     return 60.0 * accepted / span * INFERRED_MARGIN

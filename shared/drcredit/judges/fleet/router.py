@@ -7,9 +7,10 @@ in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has t
 the step's longest chains first), arrival order among equals. A call goes to the
 endpoint that would answer it soonest: the least ``(in flight + 1) x its latency /
 weight`` among those with room, so a slow replica gets less. Endpoints out of the
-rotation (:mod:`~drcredit.judges.fleet.health`) are offered one probe call at a time;
-a call whose candidates are all out fails at once with :class:`AllEndpointsDown`, which
-the judge's retry loop and breaker turn into the outage wait. Calls are paced under the
+rotation (:mod:`~drcredit.judges.fleet.health`) are probed by a health check in the
+background and rejoin when it is answered; a call whose candidates are all out fails at
+once with :class:`AllEndpointsDown`, which the judge's retry loop and breaker turn into
+the outage wait (whose own probe call may go to an endpoint out of the rotation). Calls are paced under the
 endpoints' rate limits and the operator's ``DRCREDIT_JUDGE_RPM`` / ``_TPM``
 (:mod:`~drcredit.judges.fleet.rates`) before they are sent.
 """
@@ -24,7 +25,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,6 +50,7 @@ class Fleet(Learning, Sharing):
         store: FleetStore | None = None,
         configured: RateLimits = RateLimits(),
         clock: Callable[[], float] = time.monotonic,
+        prober: Callable[[EndpointConfig], Awaitable[str | None]] | None = None,
     ):
         self.endpoints = [Endpoint(c) for c in configs]
         for e in self.endpoints:
@@ -73,6 +75,7 @@ class Fleet(Learning, Sharing):
         self._last_sync = clock()
         #: Called with (endpoint, up) when an endpoint leaves or rejoins the rotation.
         self.listeners: list[Callable[[Endpoint, bool], None]] = []
+        self.prober = prober
 
     @property
     def demand(self) -> int:
@@ -119,15 +122,7 @@ class Fleet(Learning, Sharing):
             self._waiting -= 1
 
     def _candidates_alive(self, exclude: frozenset[str], force_probe: bool) -> bool:
-        now = self._clock()
-        for e in self.endpoints:
-            if e.url in exclude:
-                continue
-            if e.health.up or (e.health.probe_due(now) or (force_probe and not e.health.probing)):
-                return True
-            if not e.health.up and e.health.probing:
-                return True  # a probe is under way: its verdict comes soon
-        return False
+        return any(e.url not in exclude and (e.health.up or force_probe) for e in self.endpoints)
 
     def _down_reasons(self, exclude: frozenset[str]) -> str:
         return "; ".join(
@@ -138,11 +133,11 @@ class Fleet(Learning, Sharing):
     def _place(self, exclude: frozenset[str], force_probe: bool) -> Lease | None:
         """Take a place for a call now, or None when it must wait."""
         now = self._clock()
-        for e in self.endpoints:
-            probe = not e.health.up and not e.health.probing and (e.health.probe_due(now) or force_probe)
-            if probe and e.url not in exclude:
-                e.health.start_probe()
-                return self._lease(e, probe=True)
+        if force_probe:
+            for e in self.endpoints:
+                if e.url not in exclude and not e.health.up and not e.health.probing:
+                    e.health.start_probe()
+                    return self._lease(e, probe=True)
         best: Endpoint | None = None
         best_cost = math.inf
         fallback = self._typical_pace()
@@ -189,7 +184,7 @@ class Fleet(Learning, Sharing):
         return False
 
     def _arm_timer(self) -> None:
-        """Wake the waiters when a cooling endpoint warms up or a probe falls due."""
+        """Wake the waiters when a cooling endpoint warms up."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -197,7 +192,6 @@ class Fleet(Learning, Sharing):
             return
         now = self._clock()
         due = [e.cool_until for e in self.endpoints if e.cool_until > now]
-        due += [e.health.next_probe for e in self.endpoints if not e.health.up and not e.health.probing]
         if due:
             delay = max(0.0, min(due) - now) + 0.001
             self._timer = asyncio.get_running_loop().call_later(delay, self._dispatch)

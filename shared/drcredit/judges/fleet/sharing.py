@@ -13,12 +13,13 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from drcredit import metrics
 from drcredit.judges.fleet import limits
+from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.rates import QUIET_S, RateLimits, probed_rpm
 from drcredit.judges.fleet.state import Endpoint, Lease
 from drcredit.judges.fleet.store import EndpointRecord, FleetStore, ProcessReport
@@ -45,20 +46,24 @@ class Sharing:
     _synced: asyncio.Event
     _wake_sync: asyncio.Event
     _last_sync: float
+    _background: set[asyncio.Task[Any]]
+    #: Health check of an endpoint out of the rotation: None when it answered, else why not.
+    prober: Callable[[EndpointConfig], Awaitable[str | None]] | None
 
     @property
     def urls(self) -> list[str]:
         return [e.url for e in self.endpoints]
 
-    @property
-    def demand(self) -> int:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # provided by the Fleet and its other parts
 
-    def _dispatch(self) -> None:
-        raise NotImplementedError
+        @property
+        def demand(self) -> int: ...
 
-    def _reset_waiters(self) -> None:
-        raise NotImplementedError
+        def _dispatch(self) -> None: ...
+
+        def _reset_waiters(self) -> None: ...
+
+        def _notify(self, e: Endpoint, up: bool) -> None: ...
 
     # ------------------------------------------------------------------ reading
 
@@ -83,25 +88,38 @@ class Sharing:
     # ------------------------------------------------------------------ pacing
 
     async def pace(self, lease: Lease, tokens: float) -> None:
-        """Wait for the call's turn under every rate limit that applies to it."""
+        """Wait for the call's turn under every rate limit that applies to it.
+
+        A call whose turn came while its endpoint cooled after a 429, or whose pace was
+        lowered meanwhile, waits out the cooling and takes a turn on the new schedule.
+        """
         e = lease.endpoint
-        schedules: list[tuple[str, float, float]] = []
-        if self.configured.rpm:
-            schedules.append((f"fleet:{self.store_scope}:rpm", 1.0, self.configured.rpm / 60))
-        if self.configured.tpm:
-            schedules.append((f"fleet:{self.store_scope}:tpm", tokens, self.configured.tpm / 60))
-        if e.record.rpm:
-            schedules.append((f"{e.url}:rpm", 1.0, e.record.rpm / 60))
-        if e.record.tpm:
-            schedules.append((f"{e.url}:tpm", tokens, e.record.tpm / 60))
-        wait = 0.0
-        for key, cost, rate in schedules:
-            wait = max(wait, await self.store.reserve(key, cost, rate))
-            if key.endswith(":tpm"):
-                lease.reserved_tokens = tokens
-        if wait > 0:
-            e.paced_s += wait
-            await asyncio.sleep(wait)
+        while True:
+            pace = e.record.rpm
+            schedules: list[tuple[str, float, float]] = []
+            if self.configured.rpm:
+                schedules.append((f"fleet:{self.store_scope}:rpm", 1.0, self.configured.rpm / 60))
+            if self.configured.tpm:
+                schedules.append((f"fleet:{self.store_scope}:tpm", tokens, self.configured.tpm / 60))
+            if e.record.rpm:
+                schedules.append((f"{e.url}:rpm", 1.0, e.record.rpm / 60))
+            if e.record.tpm:
+                schedules.append((f"{e.url}:tpm", tokens, e.record.tpm / 60))
+            wait = 0.0
+            for key, cost, rate in schedules:
+                wait = max(wait, await self.store.reserve(key, cost, rate))
+                if key.endswith(":tpm"):
+                    lease.reserved_tokens = tokens
+            if wait > 0:
+                e.paced_s += wait
+                await asyncio.sleep(wait)
+            cooling = e.cool_until - self._clock()
+            if cooling > 0:
+                await asyncio.sleep(cooling)
+                continue
+            if pace is not None and e.record.rpm is not None and e.record.rpm < pace:
+                continue
+            break
         lease.sent_at = self._clock()
         e.sent.append(lease.sent_at)
 
@@ -155,8 +173,35 @@ class Sharing:
             if self._wake_sync.is_set():
                 await asyncio.sleep(0.02)  # gather a burst of arrivals into one report
 
+    def _probe_due_endpoints(self) -> None:
+        """Health-check each endpoint out of the rotation whose probe is due (any HTTP
+        answer brings it back), in the background."""
+        if self.prober is None:
+            return
+        now = self._clock()
+        for e in self.endpoints:
+            if e.health.probe_due(now):
+                e.health.start_probe()
+                task = asyncio.get_running_loop().create_task(self._probe(e))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+
+    async def _probe(self, e: Endpoint) -> None:
+        assert self.prober is not None
+        try:
+            problem = await self.prober(e.config)
+        except Exception as exc:  # noqa: BLE001 - a probe that errs is a probe that failed
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem is None:
+            if e.health.answered():
+                self._notify(e, True)
+            self._dispatch()
+        else:
+            e.health.failed(problem, self._clock(), probe=True)
+
     async def sync(self) -> None:
         """Publish this process's demand and learning; adopt the fleet's records and share."""
+        self._probe_due_endpoints()
         now = self._clock()
         elapsed, self._last_sync = now - self._last_sync, now
         for e in self.endpoints:

@@ -48,8 +48,9 @@ class Endpoint:
     refused: deque[float] = field(default_factory=lambda: deque(maxlen=8192))
     last_429: float = -math.inf
     paced_s: float = 0.0
-    #: When the pace was last inferred from a 429.
+    #: When the pace was last inferred from a 429, and last cut by a 429 too soon after.
     inferred_at: float | None = None
+    rate_cut_at: float = -math.inf
 
     @property
     def url(self) -> str:

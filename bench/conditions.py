@@ -1,0 +1,267 @@
+"""The step against the judges users run, repeated (issue 32).
+
+    python -m bench.run --sections judges --judges backlog,rate,rate-headers,replicas,slow --repeat 5
+
+The platform is started as a new operator would: ``drcredit serve`` and two plain
+``drcredit worker`` processes, no flags (the fleet learns each endpoint), on Postgres and
+Redis, against simulated judges (:mod:`bench.judge_sim`) that answer in ``--latency``:
+
+- ``backlog``: one server with a listen backlog of 5 that closes every connection after
+  its answer (HTTP/1.0 style). Its own throughput bounds the step, so each run is compared
+  with the in-trainer asyncio scorer on the same server, right after it.
+- ``rate``: a hosted judge allowing ``--judge-rate`` requests a second (a token bucket of
+  one second's worth), answering 429 with ``retry-after`` beyond; ``rate-headers``: the
+  same, also sending OpenAI's ``x-ratelimit-*`` headers. Bound: the longer of the
+  critical path and calls / rate.
+- ``replicas``: two servers in ``DRCREDIT_JUDGE_BASE_URL``; one is killed (SIGKILL) when a
+  third of the step's answers are in, and started again after the run.
+- ``slow``: two servers, the second answering ``--slow-factor`` times slower.
+
+Every run reports its wall time against its bound, the 429 answers per call served, each
+endpoint's share of the calls, the judgments that failed, and the largest difference of
+any advantage from a reference run of the same step on one healthy judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from bench.baseline import score_step
+from bench.paths import critical_path_calls
+from bench.platform import REDIS, Proc, Stack, free_port, fresh_database, plain_env, start_judge, start_plain
+from bench.repeat import one_run, renamed, summary
+
+CONDITIONS = ("backlog", "rate", "rate-headers", "replicas", "slow")
+
+
+def judge_flags(condition: str, args: argparse.Namespace) -> list[list[str]]:
+    """``bench.judge_sim`` flags of each endpoint a condition runs."""
+    if condition == "backlog":
+        return [["--backlog", "5", "--no-keepalive"]]
+    if condition == "rate":
+        return [["--rate", str(args.judge_rate)]]
+    if condition == "rate-headers":
+        return [["--rate", str(args.judge_rate), "--rate-headers"]]
+    if condition == "replicas":
+        return [[], []]
+    if condition == "slow":
+        return [[], ["--latency", str(args.latency * args.slow_factor)]]
+    raise ValueError(f"unknown judge condition {condition!r} (known: {', '.join(CONDITIONS)})")
+
+
+def stats(judges: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for url in judges:
+        try:
+            out.append(httpx.get(f"{url}/stats", timeout=5).json())
+        except httpx.HTTPError:
+            out.append({"requests": 0, "rate_limited": 0, "down": True})
+    return out
+
+
+def reset(judges: list[str]) -> None:
+    for url in judges:
+        try:
+            httpx.post(f"{url}/reset", timeout=5)
+        except httpx.HTTPError:
+            pass
+
+
+def max_diff(got: dict[str, Any], want: dict[str, Any], suffix: str) -> float:
+    """Largest |difference| of any advantage between a run and the reference run."""
+    worst = 0.0
+    for gid, doc in want.items():
+        for ra, rb in zip(got[f"{gid}-{suffix}"]["rollouts"], doc["rollouts"], strict=True):
+            worst = max(worst, abs(ra["outcome_advantage"] - rb["outcome_advantage"]))
+            for ta, tb in zip(ra["turns"], rb["turns"], strict=True):
+                worst = max(worst, abs(ta["advantage"] - tb["advantage"]))
+    return worst
+
+
+def failed_judgments(run: dict[str, Any]) -> int:
+    return sum(doc["progress"]["judgments_failed"] for doc in run["advantages"].values())
+
+
+class Killer(threading.Thread):
+    """Kills one judge process once ``fraction`` of a step's expected answers are in,
+    recording how many each judge had served at that moment."""
+
+    def __init__(self, victim: Proc, judges: list[str], expected: int, fraction: float = 1 / 3):
+        super().__init__(daemon=True)
+        self.victim, self.judges, self.threshold = victim, judges, expected * fraction
+        self.served_before: list[int] | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.02):
+            served = [s["requests"] - s.get("errors", 0) for s in stats(self.judges)]
+            if sum(served) >= self.threshold:
+                self.served_before = served
+                self.victim.popen.kill()
+                self.victim.popen.wait(10)
+                return
+
+
+def section_judges(args: argparse.Namespace, groups: list[dict[str, Any]], results: dict[str, Any]) -> None:
+    out: dict[str, Any] = {}
+    for condition in [c.strip() for c in args.judges.split(",") if c.strip()]:
+        out[condition] = run_condition(condition, args, groups)
+        print(condition_table(condition, out[condition]), flush=True)
+    results["judges"] = out
+
+
+def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        stack = Stack(Path(tmp))
+        try:
+            # The reference: the same step on one healthy judge (its calls and advantages).
+            reference_judge = start_judge(stack, args.latency, args.sigma)
+            redis.Redis.from_url(REDIS).flushdb()
+            with fresh_database() as db:
+                api, procs = start_plain(stack, plain_env(reference_judge, db, REDIS), args.plain_workers)
+                ref = one_run(api, renamed(groups, "ref"), db)
+                expected_calls = stats([reference_judge])[0]["requests"]
+                reference = {g["group_id"]: ref["advantages"][f"{g['group_id']}-ref"] for g in groups}
+                for proc in procs:
+                    proc.stop()
+            flags = judge_flags(condition, args)
+            ports = [free_port() for _ in flags]
+            judges: list[str] = []
+            judge_procs: list[Proc] = []
+            for extra, port in zip(flags, ports, strict=True):
+                judges.append(start_judge(stack, args.latency, args.sigma, extra, port))
+                judge_procs.append(stack.procs[-1])
+            redis.Redis.from_url(REDIS).flushdb()
+            with fresh_database() as db:
+                env = plain_env(judges[0], db, REDIS)
+                env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in judges)
+                api, procs = start_plain(stack, env, args.plain_workers)
+                for k in range(args.repeat):
+                    if condition == "replicas" and k and judge_procs[0].popen.poll() is not None:
+                        # The killed replica comes back between steps, on its port.
+                        stack.procs.remove(judge_procs[0])
+                        start_judge(stack, args.latency, args.sigma, flags[0], ports[0])
+                        judge_procs[0] = stack.procs[-1]
+                    reset(judges)
+                    killer = None
+                    if condition == "replicas":
+                        killer = Killer(judge_procs[0], judges, expected_calls)
+                        killer.start()
+                    step = renamed(groups, f"r{k}")
+                    run = one_run(api, step, db)
+                    if killer is not None:
+                        killer.stop.set()
+                        killer.join()
+                    served = stats(judges)
+                    runs.append(measure(condition, args, step, run, served, reference, f"r{k}", killer))
+                    if condition == "backlog":
+                        runs[-1].update(baseline(judges[0], step, args))
+                    print(run_line(k, args.repeat, runs[-1]), flush=True)
+        finally:
+            stack.stop()
+    return summarize(condition, runs, expected_calls)
+
+
+def measure(
+    condition: str,
+    args: argparse.Namespace,
+    step: list[dict[str, Any]],
+    run: dict[str, Any],
+    served: list[dict[str, Any]],
+    reference: dict[str, Any],
+    suffix: str,
+    killer: Killer | None,
+) -> dict[str, Any]:
+    calls = [int(s.get("requests", 0)) - int(s.get("rate_limited", 0)) for s in served]
+    refused = sum(int(s.get("rate_limited", 0)) for s in served)
+    total = sum(calls)
+    critical = max(critical_path_calls(step, run["credits"]), 1) * args.latency
+    bound = critical
+    if condition.startswith("rate"):
+        bound = max(critical, total / args.judge_rate)
+    out: dict[str, Any] = {
+        "wall_s": run["wall_s"],
+        "critical_path_s": critical,
+        "bound_s": bound,
+        "ratio_to_bound": run["wall_s"] / bound,
+        "calls_served": total,
+        "rate_limited": refused,
+        "rate_limited_per_served": refused / total if total else 0.0,
+        "shares": [c / total if total else 0.0 for c in calls],
+        "failed_judgments": failed_judgments(run),
+        "max_abs_diff_vs_reference": max_diff(run["advantages"], reference, suffix),
+    }
+    if killer is not None and killer.served_before is not None:
+        before = killer.served_before
+        out["shares_before_kill"] = [b / sum(before) for b in before]
+        out["bound_plus_2s_ratio"] = run["wall_s"] / (1.3 * bound + 2.0)
+    return out
+
+
+def baseline(judge: str, step: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The in-trainer asyncio scorer on the same server, right after the platform's run."""
+    reset([judge])
+    started = time.perf_counter()
+    try:
+        asyncio.run(score_step(f"{judge}/v1", "sim", step, args.baseline_concurrency))
+    except Exception as exc:  # noqa: BLE001 - the comparator failing is recorded, not fatal
+        return {"baseline_error": f"{type(exc).__name__}: {exc}"}
+    seconds = time.perf_counter() - started
+    return {"baseline_s": seconds}
+
+
+def run_line(k: int, repeat: int, run: dict[str, Any]) -> str:
+    shares = "/".join(f"{100 * s:.0f}%" for s in run["shares"])
+    line = (
+        f"run {k + 1}/{repeat}: {run['wall_s']:.2f} s = {run['ratio_to_bound']:.2f}x bound ({run['bound_s']:.1f} s);"
+        f" 429s {run['rate_limited']} ({100 * run['rate_limited_per_served']:.1f}% of {run['calls_served']} served);"
+        f" shares {shares}; failed {run['failed_judgments']}; max |diff| {run['max_abs_diff_vs_reference']:.1e}"
+    )
+    if "baseline_s" in run:
+        line += f"; in-trainer scorer {run['baseline_s']:.2f} s ({run['wall_s'] / run['baseline_s']:.2f}x)"
+    if "shares_before_kill" in run:
+        line += " ; before the kill " + "/".join(f"{100 * s:.0f}%" for s in run["shares_before_kill"])
+    return line
+
+
+def summarize(condition: str, runs: list[dict[str, Any]], expected_calls: int) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "runs": runs,
+        "reference_calls": expected_calls,
+        "wall_s": summary([r["wall_s"] for r in runs]),
+        "ratio_to_bound": summary([r["ratio_to_bound"] for r in runs]),
+        "rate_limited_per_served": summary([r["rate_limited_per_served"] for r in runs]),
+        "failed_judgments": sum(r["failed_judgments"] for r in runs),
+        "max_abs_diff_vs_reference": max(r["max_abs_diff_vs_reference"] for r in runs),
+    }
+    versus = [r["wall_s"] / r["baseline_s"] for r in runs if "baseline_s" in r]
+    if versus:
+        out["ratio_to_baseline"] = summary(versus)
+        out["faster_than_baseline"] = sum(v < 1 for v in versus)
+    return out
+
+
+def condition_table(condition: str, rep: dict[str, Any]) -> str:
+    def line(name: str, s: dict[str, float], unit: str = "x") -> str:
+        return f"  {name:<28} median {s['median']:.2f}{unit}, p90 {s['p90']:.2f}{unit}, max {s['max']:.2f}{unit}"
+
+    lines = [
+        f"judge condition {condition} ({len(rep['runs'])} runs)",
+        line("wall / bound", rep["ratio_to_bound"]),
+        line("429s / calls served", rep["rate_limited_per_served"], ""),
+        f"  failed judgments {rep['failed_judgments']}; max |diff| from the reference {rep['max_abs_diff_vs_reference']:.1e}",
+    ]
+    if "ratio_to_baseline" in rep:
+        lines.append(line("wall / in-trainer scorer", rep["ratio_to_baseline"]))
+        lines.append(f"  faster than the scorer in {rep['faster_than_baseline']} of {len(rep['runs'])} runs")
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""The judge fleet over real HTTP: several endpoints, one lost, rate limits, a small
+server, a slow replica, priorities, every endpoint down.
+
+Servers are started here (in threads, or as processes a test kills); the judge is the
+``openai`` backend in embedded mode (its learning kept in the process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from drcredit.judges.base import JudgeResult, RetryPolicy
+from drcredit.judges.breaker import JudgeUnavailable
+from drcredit.judges.fleet.router import CALL_PRIORITY
+from drcredit.judges.openai_judge import OpenAIJudge
+from tests.judges.test_openai_judge import GOOD, visit_request
+from tests.support.judge_server import Call, RateLimit, Reply, call_key, judge_process, running_judge
+from tests.support.live import free_port
+
+
+def judge_of(base_url: str, *, attempts: int = 3, timeout: float = 10.0, deadline: float = 600.0) -> OpenAIJudge:
+    return OpenAIJudge(
+        base_url=base_url,
+        model="judge-test",
+        timeout_s=timeout,
+        retry=RetryPolicy(max_attempts=attempts, backoff_initial_s=0.01, backoff_max_s=0.05),
+        outage_deadline_s=deadline,
+    )
+
+
+def judged(judge: OpenAIJudge, n: int, *, during: Callable[[], Any] | None = None) -> list[JudgeResult[Any]]:
+    """``n`` visit judgments at once (``during``: called from a thread once they are under way)."""
+
+    async def run() -> list[JudgeResult[Any]]:
+        calls = [judge.ajudge_visit(visit_request(prior=(f"point {i}",))) for i in range(n)]
+        if during is not None:
+            asyncio.get_running_loop().run_in_executor(None, during)
+        results = await asyncio.gather(*calls)
+        await judge.aclose()
+        return list(results)
+
+    return asyncio.run(run())
+
+
+def delayed(seconds: float) -> Callable[[Call], Reply]:
+    return lambda call: Reply.json(GOOD, delay=seconds)
+
+
+def test_calls_are_spread_over_two_endpoints() -> None:
+    with running_judge(delayed(0.2)) as a, running_judge(delayed(0.2)) as b:
+        results = judged(judge_of(f"{a.url},{b.url}"), 200)
+    assert all(r.status == "ok" for r in results)
+    share = a.count() / (a.count() + b.count())
+    assert 0.3 <= share <= 0.7, (a.count(), b.count())
+    assert {r.attempts[-1].endpoint for r in results} == {a.url, b.url}
+
+
+def test_a_slow_replica_receives_less() -> None:
+    with running_judge(delayed(0.05)) as fast, running_judge(delayed(0.5)) as slow:
+        results = judged(judge_of(f"{fast.url},{slow.url}"), 300)
+    assert all(r.status == "ok" for r in results)
+    assert slow.count() < 0.3 * (fast.count() + slow.count()), (fast.count(), slow.count())
+
+
+def test_an_endpoint_killed_mid_batch_moves_its_calls_without_spending_attempts(tmp_path: Path) -> None:
+    with judge_process(tmp_path, delay=0.3) as a, judge_process(tmp_path, delay=0.3) as b:
+
+        def kill_a() -> None:
+            while len(a.calls()) < 40:
+                time.sleep(0.02)
+            a.kill()
+
+        results = judged(judge_of(f"{a.url},{b.url}", attempts=2), 300, during=kill_a)
+        served = a.calls() + b.calls()
+    assert [r.status for r in results] == ["ok"] * 300
+    moved = [r for r in results if any(t.outcome == "connection" for t in r.attempts)]
+    assert moved, "calls in flight on the killed endpoint were cut off"
+    # A move costs no attempt: every judgment spent exactly one.
+    assert all(sum(t.spent for t in r.attempts) == 1 for r in results)
+    assert all(t.endpoint == a.url and not t.spent for r in moved for t in r.attempts[:-1])
+    assert all(r.attempts[-1].endpoint == b.url for r in moved)
+    # Nothing asked twice but the calls the kill cut off (sent to A, never answered).
+    repeated = Counter(served) - Counter(set(served))
+    assert sum(repeated.values()) <= len(moved)
+
+
+def test_a_rate_limited_judge_that_states_its_rate_is_paced_under_it() -> None:
+    quota = RateLimit(per_s=40, burst=40, headers=True)
+    with running_judge(delayed(0.2), rate=quota) as server:
+        judge = judge_of(server.url)
+        started = time.monotonic()
+        results = judged(judge, 200)
+        elapsed = time.monotonic() - started
+        record = judge.fleet.endpoints[0].record
+    assert all(r.status == "ok" for r in results)
+    assert record.rpm == 40 * 60 and not record.rpm_inferred
+    # The first round goes before any answer has told the rate; after it, no 429.
+    assert server.rate_limited <= 5, server.rate_limited
+    assert all(sum(t.spent for t in r.attempts) == 1 for r in results)
+    assert elapsed >= (200 - 40) / 40  # the quota, not the judge, set the pace
+
+
+def test_a_rate_limited_judge_that_only_answers_429_teaches_its_rate() -> None:
+    quota = RateLimit(per_s=40, burst=40, headers=False)
+    with running_judge(delayed(1.0), rate=quota) as server:
+        judge = judge_of(server.url)
+        results = judged(judge, 300)
+        record = judge.fleet.endpoints[0].record
+    assert all(r.status == "ok" for r in results)
+    assert record.rpm_inferred and record.rpm is not None and 0.6 * 2400 <= record.rpm <= 1.2 * 2400, record.rpm
+    # 429s bounded: the round that first crossed the quota, and the probes above it.
+    assert server.rate_limited <= 0.15 * len(server.calls), (server.rate_limited, len(server.calls))
+    rate_limited = [t for r in results for t in r.attempts if t.outcome == "rate_limited"]
+    assert len(rate_limited) == server.rate_limited and not any(t.spent for t in rate_limited)
+
+
+def test_a_small_server_without_keepalive_is_sent_what_it_accepts() -> None:
+    """A listen backlog of 5 and a new connection per call: connections are paced, and
+    an attempt it leaves unanswered is made again at once, so no call waits out the
+    kernel's retransmissions and none fails."""
+    with running_judge(delayed(0.2), close_connections=True, backlog=5) as server:
+        judge = judge_of(server.url)
+        results = judged(judge, 400)
+    assert all(r.status == "ok" and len(r.attempts) == 1 for r in results)
+    assert len({c.client_port for c in server.calls}) == 400  # a connection per call
+    assert max(r.latency_s for r in results) < 10
+
+
+def test_calls_waiting_for_an_endpoint_go_highest_priority_first() -> None:
+    config = json.dumps([{"url": "PLACEHOLDER", "max_concurrency": 1}])
+    with running_judge(delayed(0.05)) as server:
+        judge = judge_of(config.replace("PLACEHOLDER", server.url))
+
+        async def run() -> None:
+            async def call(priority: int, prior: str) -> None:
+                CALL_PRIORITY.set(priority)
+                await judge.ajudge_visit(visit_request(prior=(prior,)))
+
+            await call(0, "warm-up")  # the endpoint asked for its context once
+            first = asyncio.ensure_future(call(0, "first"))
+            while len(server.calls) < 2:  # the first holds the only place
+                await asyncio.sleep(0.005)
+            await asyncio.gather(first, *(call(p, f"p{p}") for p in (1, 5, 3, 9, 2)))
+            await judge.aclose()
+
+        asyncio.run(run())
+    order = [c.document["support_already_credited"][0] for c in server.calls]
+    assert order == ["warm-up", "first", "p9", "p5", "p3", "p2", "p1"]
+
+
+def test_every_endpoint_down_is_the_judge_outage_with_its_deadline() -> None:
+    dead = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
+    judge = judge_of(",".join(dead), attempts=2, deadline=1.5)
+    with pytest.raises(JudgeUnavailable) as raised:
+        judge.judge_visit(visit_request())
+    assert raised.value.endpoint == ",".join(dead)
+    assert all(not e.health.up for e in judge.fleet.endpoints)
+
+
+def test_a_429_is_an_answer_not_a_failure_of_the_endpoint() -> None:
+    replies = iter([Reply(status=429), Reply(status=429), Reply(status=429), Reply.json(GOOD)])
+    with running_judge(lambda c: next(replies)) as server:
+        judge = judge_of(server.url, attempts=1)
+        result = judge.judge_visit(visit_request())
+    assert result.status == "ok"
+    assert [a.outcome for a in result.attempts] == ["rate_limited", "rate_limited", "rate_limited", "ok"]
+    assert judge.fleet.endpoints[0].health.up and judge.breaker.state().up
+    assert call_key(server.calls[0]) == call_key(server.calls[-1])

@@ -1,0 +1,287 @@
+"""The judge fleet's pure rules, one test per rule, values worked by hand.
+
+Endpoints as configured, the learned limit (slow start, additive increase, cuts once
+per round, caps), latency inflation, rate pacing (GCRA reservations and refunds), what
+rate-limit headers say, the rate inferred from 429s, an endpoint's own breaker, the
+demand split between processes and the pace of new connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+
+from drcredit.judges.fleet import limits, rates, transport
+from drcredit.judges.fleet.endpoints import DEFAULT_BASE_URL, EndpointConfig, parse_endpoints
+from drcredit.judges.fleet.health import FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
+from drcredit.judges.fleet.limits import LatencyWatch, LimitState
+from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
+from drcredit.judges.fleet.transport import PACE_CUT, ConnectPacer
+
+# ----------------------------------------------------------------------------- endpoints
+
+
+def test_a_comma_separated_list_is_several_endpoints() -> None:
+    got = parse_endpoints(" http://a:8000/v1/ , https://b.example/v1")
+    assert [e.url for e in got] == ["http://a:8000/v1", "https://b.example/v1"]
+    assert all(e.api_key is None and e.weight == 1.0 for e in got)
+    assert got[0].chat_url == "http://a:8000/v1/chat/completions"
+
+
+def test_no_endpoint_means_the_openai_api() -> None:
+    assert parse_endpoints(None) == (EndpointConfig(DEFAULT_BASE_URL),)
+
+
+def test_the_json_form_gives_keys_weights_and_caps_per_endpoint() -> None:
+    got = parse_endpoints(
+        '[{"url": "http://a/v1", "weight": 2, "max_concurrency": 8, "context_tokens": 4096},'
+        ' {"url": "http://b/v1", "api_key": "sk-b"}, "http://c/v1"]'
+    )
+    assert got == (
+        EndpointConfig("http://a/v1", None, 2.0, 8, 4096),
+        EndpointConfig("http://b/v1", "sk-b"),
+        EndpointConfig("http://c/v1"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("http://a/v1,,http://b/v1", "an empty entry"),
+        ("ftp://a/v1", r"DRCREDIT_JUDGE_BASE_URL\[0\]: 'ftp://a/v1' is not an http\(s\) URL"),
+        ("http://a/v1,http://a/v1/", "listed twice"),
+        ('[{"url": "http://a/v1", "wieght": 2}]', r"\[0\]: unknown field 'wieght'"),
+        ('[{"url": "http://a/v1", "weight": 0}]', r"\[0\]\.weight: expected a number above 0, got 0"),
+        ('[{"url": "http://a/v1", "max_concurrency": 1.5}]', r"\[0\]\.max_concurrency: expected an integer"),
+        ('[{"weight": 1}]', r"\[0\]\.url: missing"),
+        ("[]", "non-empty JSON list"),
+        ("[{", "not valid JSON"),
+    ],
+)
+def test_a_mistake_in_the_endpoints_names_the_entry_and_field(value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_endpoints(value)
+
+
+# ----------------------------------------------------------------------------- the learned limit
+
+
+def test_slow_start_adds_one_call_per_answer_until_the_first_push_back() -> None:
+    state = LimitState(limit=32)
+    assert limits.grow(state, 32).limit == 64  # a round of 32 answers doubles it
+
+
+def test_past_slow_start_the_limit_grows_by_the_probe_gain_per_round() -> None:
+    state = LimitState(limit=100, ssthresh=100)
+    # 100 answers (one round at 100 in flight): + PROBE_GAIN * 100 / 100
+    assert limits.grow(state, 100).limit == pytest.approx(100 + limits.PROBE_GAIN)
+
+
+def test_slow_start_stops_at_its_threshold_and_continues_additively() -> None:
+    state = LimitState(limit=90, ssthresh=100)
+    grown = limits.grow(state, 20)  # 10 reach the threshold, 10 more add 4 * 10 / 100
+    assert grown.limit == pytest.approx(100 + limits.PROBE_GAIN * 10 / 100)
+
+
+def test_a_push_back_cuts_the_limit_once_per_round() -> None:
+    state = LimitState(limit=100, epoch=3)
+    cut = limits.cut(state, 3, limits.ERROR_CUT)
+    assert (cut.limit, cut.ssthresh, cut.epoch) == (70, 70, 4)
+    # A call sent before that cut pushes back too: the round was read already.
+    assert limits.cut(cut, 3, limits.ERROR_CUT) == cut
+    assert limits.cut(cut, 4, limits.ERROR_CUT).limit == pytest.approx(49)
+
+
+def test_the_limit_never_falls_below_one_nor_rises_above_its_cap() -> None:
+    assert limits.cut(LimitState(limit=1.2), 0, 0.5).limit == limits.MIN_LIMIT
+    capped = limits.capped(LimitState(limit=32), 4)
+    assert capped.limit == 4 and limits.grow(capped, 50).limit == 4
+    assert limits.capped(capped, None).limit == 4  # lifting the cap does not grow it
+
+
+def test_latency_is_inflated_when_the_recent_median_doubles_its_base() -> None:
+    watch = LatencyWatch()
+    assert not any(watch.observe(1.0) for _ in range(limits.RECENT))
+    assert watch.base == 1.0
+    # Calls queue in the server: each answer takes longer; the median of the last 16
+    # (their 9th smallest) passes 2x the base with the 8th slow answer.
+    verdicts = [watch.observe(2.5) for _ in range(limits.RECENT)]
+    assert verdicts.index(True) == limits.RECENT // 2 - 1
+
+
+def test_a_uniformly_slow_server_is_not_inflated() -> None:
+    watch = LatencyWatch()
+    assert not any(watch.observe(5.0) for _ in range(3 * limits.RECENT))
+
+
+# ----------------------------------------------------------------------------- rate pacing
+
+
+def test_gcra_spaces_calls_at_the_rate_with_a_small_burst() -> None:
+    # 10 calls a second: one every 0.1 s; a burst of 0.1 s lets a call start that early.
+    tat, wait = rates.reserve(0.0, now=100.0, cost=1, rate_per_s=10, burst_s=0.1)
+    assert (tat, wait) == (100.1, 0.0)
+    tat, wait = rates.reserve(tat, now=100.0, cost=1, rate_per_s=10, burst_s=0.1)
+    assert (tat, wait) == (pytest.approx(100.2), 0.0)  # within the burst
+    tat, wait = rates.reserve(tat, now=100.0, cost=1, rate_per_s=10, burst_s=0.1)
+    assert (tat, wait) == (pytest.approx(100.3), pytest.approx(0.1))
+
+
+def test_tokens_are_reserved_by_their_count_and_refunded() -> None:
+    # 600 tokens a minute = 10 a second: an estimate of 50 tokens takes 5 s of schedule.
+    tat, _ = rates.reserve(0.0, now=10.0, cost=50, rate_per_s=10)
+    assert tat == 15.0
+    # The answer used 30: 20 come back; a refund never moves the schedule before now.
+    assert rates.refund(tat, now=10.0, cost=20, rate_per_s=10) == 13.0
+    assert rates.refund(tat, now=14.0, cost=40, rate_per_s=10) == 14.0
+
+
+def test_rate_headers_give_the_limits_per_minute() -> None:
+    got = rates.read_headers({"X-RateLimit-Limit-Requests": "9000", "x-ratelimit-limit-tokens": "2000000"}, 200)
+    assert got == rates.RateHeaders(rates.RateLimits(9000, 2_000_000), None)
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait"),
+    [
+        ({"retry-after": "2"}, 2.0),
+        ({"retry-after-ms": "250", "retry-after": "1"}, 0.25),
+        ({"retry-after": "999"}, rates.MAX_RETRY_AFTER_S),
+        ({}, None),
+    ],
+)
+def test_a_429_waits_its_retry_after(headers: dict[str, str], wait: float | None) -> None:
+    assert rates.read_headers(headers, 429).wait_s == wait
+
+
+def test_a_retry_after_date_is_read_against_the_clock() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    header = {"retry-after": format_datetime(now + timedelta(seconds=3), usegmt=True)}
+    assert rates.read_headers(header, 429, now=now.timestamp()).wait_s == pytest.approx(3.0)
+
+
+def test_an_exhausted_window_waits_for_its_reset() -> None:
+    headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "0m30.5s"}
+    assert rates.read_headers(headers, 200).wait_s == pytest.approx(30.5)
+    headers["x-ratelimit-reset-requests"] = "6m0s"
+    assert rates.read_headers(headers, 200).wait_s == rates.MAX_RETRY_AFTER_S
+    headers["x-ratelimit-reset-requests"] = "20ms"
+    assert rates.read_headers(headers, 200).wait_s == pytest.approx(0.02)
+    headers["x-ratelimit-remaining-requests"] = "3"
+    assert rates.read_headers(headers, 200).wait_s is None
+
+
+def test_the_rate_a_429_teaches_is_the_accepted_rate_with_a_margin() -> None:
+    # From t=10 to t=12: 300 calls sent, 20 of them refused: 280 accepted over 2 s.
+    sent = [10 + i / 150 for i in range(300)]
+    refused = sent[-20:]
+    got = rates.inferred_rpm(sent, refused, since=10.0, now=12.0)
+    assert got == pytest.approx(60 * 280 / 2 * rates.INFERRED_MARGIN)
+    assert rates.inferred_rpm(sent, refused, since=11.9, now=12.0) is None  # too short to measure
+    assert rates.inferred_rpm([], [], since=10.0, now=12.0) is None
+    # Calls began after the window opened: the span starts at the first of them.
+    late = [11.0 + i / 100 for i in range(50)]
+    assert rates.inferred_rpm(late, [], since=10.0, now=11.5) == pytest.approx(60 * 50 / 0.5 * rates.INFERRED_MARGIN)
+
+
+def test_an_inferred_rate_probes_upward_while_quiet() -> None:
+    assert rates.probed_rpm(6000, 2.0) == pytest.approx(6000 * (1 + 2 * rates.RATE_PROBE))
+
+
+# ----------------------------------------------------------------------------- an endpoint's breaker
+
+
+def test_an_endpoint_leaves_the_rotation_after_consecutive_failures_and_probes_back() -> None:
+    health = EndpointHealth()
+    for _ in range(FAILURES_TO_OPEN - 1):
+        assert not health.failed("refused", now=0.0, probe=False)
+    assert health.failed("refused", now=0.0, probe=False) and not health.up
+    assert not health.probe_due(0.0) and health.probe_due(PROBE_INITIAL_S)
+    health.start_probe()
+    assert not health.probe_due(10.0)  # one probe at a time
+    assert not health.failed("refused", now=1.0, probe=True)
+    assert health.next_probe == 1.0 + 2 * PROBE_INITIAL_S  # the interval doubles
+    assert health.answered() and health.up and health.failures == 0
+
+
+def test_an_answer_between_failures_resets_the_count() -> None:
+    health = EndpointHealth()
+    health.failed("x", 0.0, probe=False)
+    health.failed("x", 0.0, probe=False)
+    health.answered()
+    assert not health.failed("x", 0.0, probe=False) and health.up
+
+
+# ----------------------------------------------------------------------------- sharing
+
+
+def _report(process: str, demand: int, at: float = 100.0) -> ProcessReport:
+    return ProcessReport(process, at, demand, {})
+
+
+def test_a_limit_is_split_by_demand_between_live_processes() -> None:
+    own = _report("a", 300)
+    assert demand_share(own, [own, _report("b", 100)], now=100.0) == pytest.approx(0.75)
+
+
+def test_with_no_demand_the_limit_is_split_evenly() -> None:
+    assert demand_share(_report("a", 0), [_report("b", 0), _report("c", 0)], now=100.0) == pytest.approx(1 / 3)
+
+
+def test_a_process_with_demand_gets_at_least_a_quarter_of_an_even_split() -> None:
+    own = _report("a", 1)
+    assert demand_share(own, [_report("b", 1000)], now=100.0) == pytest.approx(1 / 8)
+
+
+def test_a_process_that_stopped_reporting_takes_no_share() -> None:
+    own = _report("a", 10)
+    assert demand_share(own, [_report("b", 1000, at=90.0)], now=100.0) == 1.0
+
+
+def test_a_shared_record_survives_its_json_form() -> None:
+    record = EndpointRecord(LimitState(40.5, math.inf, 3, 8.0), rpm=9000, rpm_inferred=True, context_tokens=2048)
+    assert EndpointRecord.from_json(record.to_json()) == record
+    assert EndpointRecord.from_json(None) == EndpointRecord()
+
+
+# ----------------------------------------------------------------------------- new connections
+
+
+def test_new_connections_are_spaced_at_the_pace(monkeypatch: pytest.MonkeyPatch) -> None:
+    pacer = ConnectPacer(rate=10.0, clock=lambda: 5.0)
+    slept: list[float] = []
+
+    async def record(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(transport.asyncio, "sleep", record)
+
+    async def turns() -> None:
+        for _ in range(3):
+            await pacer.turn()
+
+    asyncio.run(turns())
+    assert slept == [pytest.approx(0.1), pytest.approx(0.2)]  # the first goes at once
+
+
+def test_an_unanswered_attempt_cuts_the_pace_once_per_interval() -> None:
+    clock = [0.0]
+    pacer = ConnectPacer(rate=100.0, clock=lambda: clock[0])
+    pacer.unanswered_attempt()
+    pacer.unanswered_attempt()  # the same moment: one cut
+    assert pacer.rate == pytest.approx(100 * PACE_CUT) and pacer.probing
+    clock[0] = 1.0
+    pacer.unanswered_attempt()
+    assert pacer.rate == pytest.approx(100 * PACE_CUT * PACE_CUT)
+
+
+def test_the_pace_doubles_per_round_until_the_first_unanswered_attempt() -> None:
+    pacer = ConnectPacer(rate=100.0)
+    for _ in range(100):
+        pacer.answered(0.001)
+    assert pacer.rate == 200.0
+    assert pacer.try_timeout_s() == pytest.approx(0.25)  # 4 x 1 ms, at least the floor
