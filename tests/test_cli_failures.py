@@ -64,6 +64,8 @@ def test_failed_judgments_exit_4_unless_allowed_and_are_shown(tmp_path: Path) ->
         }
         refused = run(tmp_path / "a", "score", str(EXAMPLE), env=env)
         one_error_line(refused, 4, "judgment(s) failed", "--allow-failures")
+        # The reasons follow, by kind with an example: the temporary database is gone after.
+        assert re.search(r"^  \d+ x invalid after 1 attempts: ", refused.stderr, re.MULTILINE), refused.stderr
         # A turn row ends in the note column's flag (the legend below the table names it too).
         assert re.search(r"\b(search|visit)\b.*\bunscorable$", refused.stdout, re.MULTILINE), refused.stdout
         allowed = run(tmp_path / "b", "score", str(EXAMPLE), "--json", "--allow-failures", env=env)

@@ -14,6 +14,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
@@ -28,6 +29,7 @@ from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
+from drcredit.storage import models as m
 from drcredit_cli.flags import Command, Group
 from drcredit_cli.report import report as report_command
 from drcredit_cli.table import print_advantages
@@ -188,6 +190,7 @@ def score(
                 _fail(f"group {row.group_id} {row.status}: {row.error}", EXIT_GROUP_FAILED)
             document = documents.advantages_document(s, row)
             progress = documents.progress(s, row)
+            reasons = _failure_reasons(s, row.id)
     finally:
         runtime.close()
         if tmp is not None:
@@ -200,9 +203,26 @@ def score(
     if failed and not allow_failures:
         _fail(
             f"{failed} judgment(s) failed; their turns are flagged unscorable and scored under policy "
-            f"{document['params']['on_judge_failure']} (see the credits breakdown); --allow-failures accepts them",
+            f"{document['params']['on_judge_failure']} (see the credits breakdown); --allow-failures accepts them"
+            f"{reasons}",
             EXIT_JUDGMENTS_FAILED,
         )
+
+
+def _failure_reasons(s: Any, group_pk: int) -> str:
+    """Why judgments failed, by kind of failure with one example each (the temporary
+    database, and with it the credits breakdown, is gone when the command ends)."""
+    rows = s.execute(
+        select(m.Judgment.failure_reason).where(m.Judgment.group_pk == group_pk, m.Judgment.status == "failed")
+    ).scalars()
+    examples: dict[str, tuple[int, str]] = {}
+    for reason in rows:
+        text = reason or "no reason recorded"
+        kind = text.split(":", 1)[0].split(" after ", 1)[0]
+        count, example = examples.get(kind, (0, text))
+        examples[kind] = (count + 1, example)
+    ranked = sorted(examples.items(), key=lambda item: -item[1][0])
+    return "".join(f"\n  {count} x {example}" for _, (count, example) in ranked)
 
 
 def _say_judge_state(state: BreakerState) -> None:

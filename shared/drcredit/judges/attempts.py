@@ -8,8 +8,10 @@ refused connection, or held back by a 429, is recorded but costs the judgment no
 A retry after a bad answer is not the same request again: at temperature 0 a judge
 answers a repeated question token for token as before. :func:`next_plan` changes what
 can change the outcome: the rejected answer and the reason go back to the judge, an
-answer cut off at ``max_tokens`` gets twice the room (as far as the context allows),
-and the temperature rises a little.
+answer cut off at ``max_tokens`` gets twice the room (as far as the context allows, and
+never less than the judge's setting: a first answer cut short where the prompt's size was
+only estimated gets the room known once the server has counted it), and the temperature
+rises a little.
 """
 
 from __future__ import annotations

@@ -84,6 +84,8 @@ class Completion:
     #: The completion limit the request carried, and the endpoint's context window.
     max_tokens: int | None = None
     context_tokens: int | None = None
+    #: ``max_tokens`` was lowered below the judge's setting to fit the context window.
+    context_bound: bool = False
 
     @property
     def context_ran_out(self) -> bool:
@@ -102,6 +104,11 @@ class Completion:
             return (
                 f"cut off: the context window ({self.context_tokens} tokens) ran out after"
                 f" {self.completion_tokens} answer tokens on a {self.prompt_tokens}-token prompt"
+            )
+        if self.context_bound:
+            return (
+                f"cut off at {self.max_tokens} answer tokens, the room kept for the answer within the context"
+                f" window ({self.context_tokens} tokens) after the {self.prompt_tokens}-token prompt"
             )
         return f"cut off at the max_tokens limit ({self.max_tokens or self.completion_tokens} tokens)"
 

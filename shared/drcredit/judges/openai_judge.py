@@ -265,12 +265,15 @@ class OpenAIJudge(Judge):
         chars = sum(len(m["content"]) for m in messages)
         ratio = self._ratios[config.url]
         context = e.record.context_tokens or config.context_tokens
-        max_tokens = plan.max_tokens or self.max_tokens
+        # A retry's room is never less than the setting's: an answer cut off where the
+        # context's estimate bounded it is asked again with what is known now.
+        wanted = max(plan.max_tokens or 0, self.max_tokens)
+        max_tokens = wanted
         if context:
             fewest = ratio.fewest(chars)
             if fewest + MIN_ANSWER_TOKENS > context:
                 raise FatalJudgeError(_too_long(fewest, context, config.url, estimated=True), "context_length")
-            max_tokens = max(MIN_ANSWER_TOKENS, min(max_tokens, context - ratio.most(chars)))
+            max_tokens = min(max_tokens, max(MIN_ANSWER_TOKENS, context - ratio.most(chars)))
         await self.fleet.pace(lease, ratio.most(chars) + max_tokens)
         while True:
             response_format = self._format_for(config.url, prompt)
@@ -283,13 +286,14 @@ class OpenAIJudge(Judge):
                 if overflow is not None:
                     self.fleet.learn(config.url, context_tokens=overflow.context_tokens)
                     prompt_tokens = overflow.prompt_tokens
+                    if prompt_tokens is not None:
+                        ratio.observe(chars, prompt_tokens)  # the next prompt this long is refused here
                     if prompt_tokens is None or prompt_tokens + MIN_ANSWER_TOKENS > overflow.context_tokens:
                         needed = prompt_tokens if prompt_tokens is not None else ratio.fewest(chars)
                         raise FatalJudgeError(
                             _too_long(needed, overflow.context_tokens, config.url, estimated=prompt_tokens is None),
                             "context_length",
                         ) from exc
-                    ratio.observe(chars, prompt_tokens)
                     if max_tokens > overflow.context_tokens - prompt_tokens:
                         max_tokens = overflow.context_tokens - prompt_tokens
                         plan.tries.append(self._try("context_length", started, str(exc), e))
@@ -305,7 +309,7 @@ class OpenAIJudge(Judge):
                 self.fleet.answered(lease, None)
                 raise
             self.fleet.answered(lease, time.monotonic() - started, read_headers(headers, 200))
-            completion = _completion(raw, config.url, max_tokens, context)
+            completion = _completion(raw, config.url, max_tokens, context, max_tokens < wanted)
             ratio.observe(chars, completion.prompt_tokens)
             if lease.reserved_tokens:
                 await self.fleet.settle_tokens(lease, completion.prompt_tokens + completion.completion_tokens)
@@ -439,10 +443,11 @@ def _too_long(needed: int, context: int, url: str, *, estimated: bool) -> str:
 def _names_format(message: str) -> bool:
     """Whether a 400 is about the structured-output request itself."""
     lower = message.lower()
-    return any(word in lower for word in ("response_format", "json_schema", "response format", "structured output"))
+    words = ("response_format", "json_schema", "json schema", "response format", "structured output")
+    return any(word in lower for word in words)
 
 
-def _completion(raw: bytes, endpoint: str, max_tokens: int, context: int | None) -> Completion:
+def _completion(raw: bytes, endpoint: str, max_tokens: int, context: int | None, context_bound: bool) -> Completion:
     """Read a chat-completions body; anything unreadable is an invalid answer (retried)."""
     try:
         body = orjson.loads(raw)
@@ -463,6 +468,7 @@ def _completion(raw: bytes, endpoint: str, max_tokens: int, context: int | None)
             model=body.get("model") if isinstance(body.get("model"), str) else None,
             max_tokens=max_tokens,
             context_tokens=context,
+            context_bound=context_bound,
         )
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise RetryableError("invalid", f"unreadable chat completion: {raw[:200]!r}") from exc

@@ -1,0 +1,96 @@
+"""A pass-through HTTP proxy that records what the platform sent a real judge server.
+
+A real server cannot be scripted, but what it was asked can be checked: every request
+is forwarded unchanged and recorded with its body, the answer, when it arrived and when
+it was answered, and how many chat completions were at the server at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tests.support.live import LiveServer
+
+
+@dataclass
+class Exchange:
+    path: str
+    request: Any
+    status: int = 0
+    response: Any = None
+    received_at: float = 0.0
+    answered_at: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.answered_at - self.received_at
+
+
+@dataclass
+class RecordingProxy:
+    target: str
+    port: int = 0
+    exchanges: list[Exchange] = field(default_factory=list)
+    in_flight: int = 0
+    peak_in_flight: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def chats(self) -> list[Exchange]:
+        return [x for x in self.exchanges if x.path.endswith("/chat/completions")]
+
+
+def _app(proxy: RecordingProxy) -> Starlette:
+    client = httpx.AsyncClient(base_url=proxy.target, timeout=600)
+
+    async def forward(request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path
+        chat = path.endswith("/chat/completions")
+        exchange = Exchange(path, orjson.loads(body) if body else None, received_at=time.monotonic())
+        proxy.exchanges.append(exchange)
+        if chat:
+            proxy.in_flight += 1
+            proxy.peak_in_flight = max(proxy.peak_in_flight, proxy.in_flight)
+        try:
+            answer = await client.request(
+                request.method, path, content=body, headers={"content-type": "application/json"}
+            )
+        finally:
+            if chat:
+                proxy.in_flight -= 1
+        exchange.answered_at = time.monotonic()
+        exchange.status = answer.status_code
+        try:
+            exchange.response = answer.json()
+        except ValueError:
+            exchange.response = answer.text
+        return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+
+    return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+
+
+@contextmanager
+def recording_proxy(target: str) -> Iterator[RecordingProxy]:
+    """A proxy to ``target`` (a server root, http://127.0.0.1:PORT) for the block."""
+    proxy = RecordingProxy(target)
+    live = LiveServer(_app(proxy), lifespan="off")
+    proxy.port = live.port
+    live.start()
+    try:
+        yield proxy
+    finally:
+        live.stop()
