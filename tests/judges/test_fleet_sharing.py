@@ -1,16 +1,12 @@
-"""What one process learns of an endpoint reaches the others (found on a real judge).
+"""What one process learns of an endpoint reaches the others through the shared store.
 
-Against llama-server, every fleet logged "could not share the judge fleet's state" on
-each sync: ``Fleet(Learning, Sharing)`` resolves ``_adopt`` to ``Learning``'s placeholder,
-which raises, so no process ever takes the shared record (nor its share of the limit).
-Left to the fleet's owner: strict xfail until fixed.
+Found against llama-server: a placeholder of ``_adopt`` in one part of the ``Fleet``
+once hid the real one, so no process took the shared record (nor its share of the limit).
 """
 
 from __future__ import annotations
 
 import asyncio
-
-import pytest
 
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.router import Fleet
@@ -19,7 +15,6 @@ from drcredit.judges.fleet.store import MemoryStore
 URL = "http://127.0.0.1:9/v1"
 
 
-@pytest.mark.xfail(strict=True, reason="Fleet._adopt is Learning's NotImplementedError placeholder (MRO)")
 def test_slots_learned_by_one_process_are_adopted_by_another() -> None:
     async def run() -> int | None:
         store = MemoryStore()
