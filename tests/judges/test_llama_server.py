@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import orjson
 import pytest
@@ -104,29 +105,51 @@ def test_plain_json_mode_sends_no_response_format_and_reads_the_text_honestly(pr
 
 
 def test_a_prompt_over_the_context_fails_at_once_naming_the_tokens(tight: LlamaServer) -> None:
+    """Its estimated size leaves no room: the server counts it (template and tokenizer),
+    and the judgment fails before any chat request, with that count and the context."""
     with recording_proxy(tight.root) as proxy:
+        judge = judge_at(proxy.url)
+        result = judge.judge_visit(visit_request())
+        assert proxy.chats() == [] and any(x.path.endswith("/tokenize") for x in proxy.exchanges)
+        assert result.status == "failed" and [a.outcome for a in result.attempts] == ["context_length"]
+        reason = result.failure_reason or ""
+        assert reason.startswith("context_length: ") and "about" not in reason
+        assert not judge.breaker.is_open and judge.fleet.endpoints[0].health.up
+        assert judge.response_format_of(proxy.url) == "auto"
+
+        # The count is the server's own: the same request sent as is gets a 400 saying so.
+        prompt = judge.visit_prompt(visit_request())
+        refused = httpx.post(
+            f"{tight.root}/v1/chat/completions",
+            json={"model": MODEL, "messages": prompt.messages, "max_tokens": 16},
+            timeout=60,
+        )
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["type"] == "exceed_context_size_error"
+        assert f"needs {error['n_prompt_tokens']} tokens" in reason and f"holds {error['n_ctx']}" in reason
+
+        # Later calls are made as before: structured output, room bounded by the context.
+        judge.judge_snippets(snippet_request())
+        later = proxy.chats()
+        assert later and all(x.request["response_format"]["type"] == "json_schema" for x in later)
+        assert_room_respected(proxy, tight.slot_context)
+
+
+def test_a_server_that_cannot_count_refuses_an_overflow_with_its_own_numbers(tight: LlamaServer) -> None:
+    """Without the server's count (its tokenizer endpoints unreachable through this
+    proxy), the request goes; the server's 400 names the tokens; the same prompt again is
+    refused before it is sent, on the count the server gave."""
+    with recording_proxy(tight.root, refuse=("/tokenize", "/apply-template")) as proxy:
         judge = judge_at(proxy.url)
         result = judge.judge_visit(visit_request())
         [sent] = proxy.chats()
         error = sent.response["error"]
         assert sent.status == 400 and error["type"] == "exceed_context_size_error"
         assert result.status == "failed" and [a.outcome for a in result.attempts] == ["context_length"]
-        reason = result.failure_reason or ""
-        assert reason.startswith("context_length: ")
-        assert f"needs {error['n_prompt_tokens']} tokens" in reason and f"holds {error['n_ctx']}" in reason
-        assert not judge.breaker.is_open and judge.fleet.endpoints[0].health.up
-        assert judge.response_format_of(proxy.url) == "auto"
-
-        # The same prompt again is refused before it is sent, on the count the server gave.
+        assert f"needs {error['n_prompt_tokens']} tokens" in (result.failure_reason or "")
         again = judge.judge_visit(visit_request())
         assert len(proxy.chats()) == 1 and again.attempts[0].outcome == "context_length"
         assert "needs about" in (again.failure_reason or "")
-
-        # Later calls are made as before: structured output, room bounded by the context.
-        judge.judge_snippets(snippet_request())
-        later = proxy.chats()[1:]
-        assert later and all(x.request["response_format"]["type"] == "json_schema" for x in later)
-        assert_room_respected(proxy, tight.slot_context)
 
 
 def test_an_answer_cut_off_at_max_tokens_is_asked_again_differently(proxy: RecordingProxy) -> None:
@@ -145,8 +168,19 @@ def test_an_answer_cut_off_at_max_tokens_is_asked_again_differently(proxy: Recor
     assert note["role"] == "user" and "cut off at the max_tokens limit (8 tokens)" in note["content"]
 
 
-def test_an_answer_bounded_by_the_context_says_so_and_the_retry_gets_the_room_now_known(tight: LlamaServer) -> None:
+def test_the_room_for_the_answer_is_what_the_server_counts_the_prompt_leaves(tight: LlamaServer) -> None:
     with recording_proxy(tight.root) as proxy:
+        judge = judge_at(proxy.url, max_tokens=1024, attempts=1)
+        judge.judge_snippets(snippet_request())
+        [chat] = proxy.chats()
+    prompt_tokens = chat.response["usage"]["prompt_tokens"]
+    assert chat.request["max_tokens"] == 1024 - prompt_tokens
+
+
+def test_an_answer_bounded_by_the_context_says_so_and_the_retry_gets_the_room_now_known(tight: LlamaServer) -> None:
+    """Where the server cannot count (its tokenizer endpoints refused here), the first
+    request's room comes from a conservative estimate of the prompt's size."""
+    with recording_proxy(tight.root, refuse=("/tokenize", "/apply-template")) as proxy:
         judge = judge_at(proxy.url, max_tokens=1024, attempts=2)
         result = judge.judge_snippets(snippet_request())
         first, second = proxy.chats()[:2]

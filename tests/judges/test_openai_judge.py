@@ -311,12 +311,12 @@ def test_request_options_leave_no_default_to_deep_copy(monkeypatch: pytest.Monke
     from openai._models import FinalRequestOptions
     from pydantic._internal import _utils
 
-    from drcredit.judges import openai_judge
+    from drcredit.judges import openai_wire
 
     copies: list[object] = []
     real = _utils.deepcopy
     monkeypatch.setattr(_utils, "deepcopy", lambda obj, *a: copies.append(obj) or real(obj, *a))
-    options = FinalRequestOptions.construct(method="post", url="u", content=b"{}", **openai_judge._options())
+    options = FinalRequestOptions.construct(method="post", url="u", content=b"{}", **openai_wire.request_options())
     assert copies == []
     assert options.max_retries == 0 and options.idempotency_key
     # Left to the client, as if not given: its timeout, its headers, no parser.

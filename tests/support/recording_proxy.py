@@ -44,6 +44,8 @@ class RecordingProxy:
     exchanges: list[Exchange] = field(default_factory=list)
     in_flight: int = 0
     peak_in_flight: int = 0
+    #: Paths answered 404 here instead of forwarded (a server without them).
+    refuse: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -62,6 +64,9 @@ def _app(proxy: RecordingProxy) -> Starlette:
         chat = path.endswith("/chat/completions")
         exchange = Exchange(path, orjson.loads(body) if body else None, received_at=time.monotonic())
         proxy.exchanges.append(exchange)
+        if any(path.endswith(suffix) for suffix in proxy.refuse):
+            exchange.status, exchange.answered_at = 404, time.monotonic()
+            return Response(b'{"error": {"message": "not found"}}', 404, media_type="application/json")
         if chat:
             proxy.in_flight += 1
             proxy.peak_in_flight = max(proxy.peak_in_flight, proxy.in_flight)
@@ -84,9 +89,10 @@ def _app(proxy: RecordingProxy) -> Starlette:
 
 
 @contextmanager
-def recording_proxy(target: str) -> Iterator[RecordingProxy]:
-    """A proxy to ``target`` (a server root, http://127.0.0.1:PORT) for the block."""
-    proxy = RecordingProxy(target)
+def recording_proxy(target: str, refuse: tuple[str, ...] = ()) -> Iterator[RecordingProxy]:
+    """A proxy to ``target`` (a server root, http://127.0.0.1:PORT) for the block;
+    requests to paths ending in one of ``refuse`` are answered 404."""
+    proxy = RecordingProxy(target, refuse=refuse)
     live = LiveServer(_app(proxy), lifespan="off")
     proxy.port = live.port
     live.start()

@@ -94,3 +94,12 @@ def served_context(models: Any, props: Any) -> tuple[int | None, int | None]:
                 context = model["max_model_len"]
                 break
     return context, slots
+
+
+def too_long(needed: int, context: int, url: str, *, estimated: bool) -> str:
+    about = "about " if estimated else ""
+    return (
+        f"the prompt needs {about}{needed} tokens and the context of {url} holds {context}"
+        f" (with at least {MIN_ANSWER_TOKENS} for the answer): give the judge a larger context per request"
+        " (llama.cpp: -c divided by --parallel; vLLM: --max-model-len) or shorter page evidence"
+    )

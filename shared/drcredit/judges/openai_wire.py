@@ -1,0 +1,229 @@
+"""The wire of an OpenAI-compatible chat-completions server: what one request carries,
+how it is sent, and how the answer and the errors read.
+
+The request goes through the official ``openai`` client's generic ``post`` with the
+chat-completions body as the wire format: its typed ``chat.completions.create`` costs
+several times the CPU of the rest of a judgment (BENCHMARKS.md) for a body that needs no
+transformation, and the client is built with ``max_retries=0`` (the judge's own loop
+retries). The body comes back as bytes and is parsed here with orjson, so a malformed
+answer is an invalid attempt, never an exception of the client's model layer. Each error
+the client raises maps to one kind: no answer (:class:`NoAnswer`: connection, timeout,
+5xx), a rate limit (:class:`RateLimited`), a refused request (:class:`BadRequest`) or a
+fatal one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from typing import Any, Literal
+
+import httpx2
+import openai
+import orjson
+from openai import AsyncOpenAI
+
+from drcredit.judges.attempts import AttemptPlan
+from drcredit.judges.base import Completion, FatalJudgeError, Prompt, RetryableError
+from drcredit.judges.fleet.endpoints import EndpointConfig
+from drcredit.judges.fleet.rates import RateHeaders, read_headers
+
+ResponseFormat = Literal["auto", "json_schema", "json_object", "none"]
+
+#: Status codes the official client would retry: the server may answer differently next time.
+_RETRYABLE_STATUS = frozenset({408, 409, 425})
+
+#: Each request's idempotency key, which the client otherwise makes with uuid4 (a
+#: system call per judgment, 2.5% of a visit worker's CPU in the benchmark): unique per
+#: process and request, which is all the client needs of it.
+_REQUEST_NUMBERS = itertools.count()
+_PROCESS = f"drcredit-{os.getpid()}-{os.urandom(4).hex()}"
+
+#: The client's own per-request defaults, given explicitly: an option left out is filled
+#: with a deep copy of its default on every request (pydantic's ``model_construct``), the
+#: security dict 15-20 us and each ``NotGiven`` default a ``copy`` reconstruction (the
+#: three took the options build from 20 to 12 us). ``max_retries`` is 0, as the client
+#: is built; headers, timeout and parser stay the client's (not given).
+_SECURITY: Any = {"bearer_auth": True, "admin_api_key_auth": True}
+_NOT_GIVEN = openai.NOT_GIVEN
+
+
+def request_options() -> Any:
+    # The body goes as bytes encoded with orjson (the client's own encoder is the
+    # stdlib's), under the client's default Content-Type: application/json.
+    return {
+        "idempotency_key": f"{_PROCESS}-{next(_REQUEST_NUMBERS)}",
+        "security": _SECURITY,
+        "max_retries": 0,
+        "headers": _NOT_GIVEN,
+        "timeout": _NOT_GIVEN,
+        "post_parser": _NOT_GIVEN,
+    }
+
+
+#: The client's telemetry headers, left out (an ``Omit`` value removes a default
+#: header): each header is normalized and merged again for every request, and these
+#: seven were a fifth of the client's CPU per judgment. Nothing a judge server reads.
+QUIET_HEADERS: Any = {
+    name: openai.Omit()
+    for name in (
+        "X-Stainless-Lang",
+        "X-Stainless-Package-Version",
+        "X-Stainless-OS",
+        "X-Stainless-Arch",
+        "X-Stainless-Runtime",
+        "X-Stainless-Runtime-Version",
+        "X-Stainless-Async",
+    )
+}
+
+#: Idle seconds before a pooled connection is dropped: under the 5 s keep-alive of
+#: uvicorn-based judge servers (vLLM, SGLang), so a step never reuses a connection the
+#: server has just closed (its request fails: "Can not write request body").
+DEFAULT_KEEPALIVE_S = 4.0
+
+#: The feedback a retry after a rejected answer adds after it (static text first,
+#: then the reason: the prompt's cached prefix stays the same).
+RETRY_NOTE = (
+    "Your previous answer could not be used: {reason}. Answer again with one JSON object that follows the"
+    " required format exactly, and keep the rationale short."
+)
+
+
+class NoAnswer(Exception):
+    """The endpoint gave no answer: refused or dropped connection, timeout, 5xx."""
+
+    def __init__(self, outcome: str, message: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class RateLimited(Exception):
+    def __init__(self, message: str, rates: RateHeaders):
+        super().__init__(message)
+        self.rates = rates
+
+
+class BadRequest(Exception):
+    """A 400: the server refused the request itself."""
+
+    def __init__(self, message: str, body: Any):
+        super().__init__(message)
+        self.body = body
+
+
+def response_format(mode: ResponseFormat, prompt: Prompt) -> dict[str, Any] | None:
+    """The ``response_format`` a request carries in ``mode``."""
+    if mode in ("auto", "json_schema"):
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": prompt.schema_name, "schema": prompt.schema, "strict": True},
+        }
+    if mode == "json_object":
+        return {"type": "json_object"}
+    return None
+
+
+async def post_chat(
+    client: AsyncOpenAI, e: EndpointConfig, body: dict[str, Any], timeout_s: float
+) -> tuple[bytes, httpx2.Headers]:
+    """Send one chat-completions request; the answer's body and headers, or the kind of
+    error it came to."""
+    try:
+        # The absolute URL spares the client joining a path to its base URL on every
+        # call (6% of its CPU per judgment, python -m bench.judge_client).
+        response = await client.post(
+            e.chat_url, content=orjson.dumps(body), options=request_options(), cast_to=httpx2.Response
+        )
+    except openai.APITimeoutError as exc:
+        cause = exc.__cause__
+        if type(cause).__name__ == "ConnectTimeout":
+            # The connection was never made (the aiohttp transport reports a refused
+            # connection this way too): the judge cannot be reached, it did not stall.
+            raise NoAnswer("connection", f"connection error: {cause}") from exc
+        raise NoAnswer("timeout", f"no answer within {timeout_s:g}s") from exc
+    except openai.APIConnectionError as exc:
+        cause = exc.__cause__ or exc
+        raise NoAnswer("connection", f"connection error: {type(cause).__name__}: {cause}") from exc
+    except openai.APIStatusError as exc:
+        status = exc.status_code
+        content = exc.response.content
+        message = error_message(content, status)
+        if status == 400:
+            raise BadRequest(message, json_or_none(content)) from exc
+        if status == 429:
+            raise RateLimited(f"429: {message}", read_headers(exc.response.headers, 429)) from exc
+        if status >= 500 or status in _RETRYABLE_STATUS:
+            raise NoAnswer("server_error", f"{status}: {message}") from exc
+        raise FatalJudgeError(f"{status}: {message}") from exc
+    return response.content, response.headers
+
+
+def messages_of(prompt: Prompt, plan: AttemptPlan) -> list[dict[str, str]]:
+    messages = prompt.messages
+    if plan.feedback is None:
+        return messages
+    text, reason = plan.feedback
+    return [
+        *messages,
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": RETRY_NOTE.format(reason=reason)},
+    ]
+
+
+def names_format(message: str) -> bool:
+    """Whether a 400 is about the structured-output request itself."""
+    lower = message.lower()
+    words = ("response_format", "json_schema", "json schema", "response format", "structured output")
+    return any(word in lower for word in words)
+
+
+def completion_of(raw: bytes, endpoint: str, max_tokens: int, context: int | None, context_bound: bool) -> Completion:
+    """Read a chat-completions body; anything unreadable is an invalid answer (retried)."""
+    try:
+        body = orjson.loads(raw)
+        choice = body["choices"][0]
+        content = choice["message"].get("content") or ""
+        usage = body.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
+        if cached is None:  # llama.cpp reports its prompt cache in its own timings
+            cached = (body.get("timings") or {}).get("cache_n")
+        return Completion(
+            text=content if isinstance(content, str) else json.dumps(content),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            finish_reason=choice.get("finish_reason"),
+            cached_tokens=int(cached or 0),
+            endpoint=endpoint,
+            model=body.get("model") if isinstance(body.get("model"), str) else None,
+            max_tokens=max_tokens,
+            context_tokens=context,
+            context_bound=context_bound,
+        )
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise RetryableError("invalid", f"unreadable chat completion: {raw[:200]!r}") from exc
+
+
+def json_or_none(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def error_message(raw: bytes, status: int) -> str:
+    """The server's own error message (OpenAI's ``{"error": {"message": ...}}``), else the body."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        text = raw.decode(errors="replace").strip()
+        return text[:500] or f"HTTP {status}"
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and "message" in inner:
+            return str(inner["message"])
+        if isinstance(inner, str):
+            return inner
+    return json.dumps(body)[:500]
