@@ -13,7 +13,7 @@ import drcredit
 from drcredit.scoring.events import NotificationListener
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
-from drcredit_api import analytics
+from drcredit_api import analytics, audits
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import router
 from drcredit_api.errors import install_handlers
@@ -77,6 +77,7 @@ def create_app(
     install_handlers(app)
     app.include_router(router)
     app.include_router(analytics.router)
+    app.include_router(audits.router)
     app.include_router(ui.router)
     app.include_router(ui.root)
     app.mount("/ui/static", ui.static, name="ui-static")

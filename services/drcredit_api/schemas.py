@@ -248,3 +248,47 @@ class SensitivityTable(_Open):
     groups: int
     groups_in_batch: int
     scenarios: list[NamedScenario]
+
+
+class AuditSummary(_Open):
+    audit_id: str
+    status: str
+    judge: str
+    judge_model: str | None = None
+    scope: dict[str, Any]
+    sample_groups: int | None = None
+    seed: int
+    group_ids: list[str]
+    error: str | None = None
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+
+
+class KindAgreement(_Open):
+    pairs: int
+    left_out: int
+    exact: float | None
+    kappa: float | None
+    confusion: list[list[int]]
+
+
+class AuditEffect(_Open):
+    turns: int
+    w1: float
+    rmse: float
+    fused_w1: float
+    fused_rmse: float
+    process_sign_agreement: float
+    fused_sign_agreement: float
+    outcome_rmse: float | None = None
+
+
+class AuditDocument(AuditSummary):
+    agreement: dict[str, KindAgreement]
+    effect: AuditEffect
+    usage: dict[str, Any]
+
+
+class AuditList(_Open):
+    audits: list[AuditSummary]

@@ -284,11 +284,12 @@ def serve(
 
 def _worker_configs() -> dict[str, Any]:
     from drcredit_aggregator.config import WORKER as AGGREGATOR
+    from drcredit_auditor.config import WORKER as AUDITOR
     from drcredit_outcome_judge.config import WORKER as OUTCOMES
     from drcredit_snippet_matcher.config import WORKER as SNIPPETS
     from drcredit_visit_judge.config import WORKER as VISITS
 
-    return {c.queue: c for c in (VISITS, SNIPPETS, OUTCOMES, AGGREGATOR)}
+    return {c.queue: c for c in (VISITS, SNIPPETS, OUTCOMES, AGGREGATOR, AUDITOR)}
 
 
 @app.command(cls=Command)

@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     #: of the next step, fails its request and costs a retry with backoff.
     judge_keepalive_s: float = Field(4.0, gt=0)
 
+    #: Named audit judges (JSON object; drcredit.audit.judges): each entry takes the
+    #: judge settings without their ``judge_`` prefix. Never taken from a request.
+    audit_judges: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
     # Storage and execution -------------------------------------------------
     data_dir: Path = Path(".drcredit")
     database_url: str | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import Celery
 
-from drcredit.broker.queues import AGGREGATE_GROUP, TASK_QUEUES, UNIT_TASKS
+from drcredit.broker.queues import AGGREGATE_GROUP, RUN_AUDIT, TASK_QUEUES, UNIT_TASKS
 from drcredit.scoring.dispatch import UnitRef, unit_batches
 
 log = logging.getLogger("drcredit.broker")
@@ -33,6 +33,9 @@ class CeleryDispatcher:
 
     def dispatch_aggregation(self, group_pk: int) -> None:
         self._send(AGGREGATE_GROUP, group_pk)
+
+    def dispatch_audit(self, audit_pk: int) -> None:
+        self._send(RUN_AUDIT, audit_pk)
 
     def _send(self, name: str, *args: Any) -> None:
         try:

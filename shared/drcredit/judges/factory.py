@@ -6,10 +6,13 @@ import hashlib
 from importlib import metadata
 
 from drcredit.judges.base import Judge, RetryPolicy
+from drcredit.judges.fleet.router import Fleet
 from drcredit.settings import Settings
 
 
-def build_judge(settings: Settings) -> Judge:
+def build_judge(settings: Settings, *, fleet: Fleet | None = None) -> Judge:
+    """The judge ``settings`` configure; ``fleet``: endpoints already in use by another
+    judge of this process (an audit judge on the main judge's endpoints shares its queue)."""
     retry = RetryPolicy(settings.judge_max_attempts, settings.judge_backoff_initial_s, settings.judge_backoff_max_s)
     if settings.judge == "offline":
         from drcredit.judges.offline import OfflineJudge
@@ -45,6 +48,7 @@ def build_judge(settings: Settings) -> Judge:
         keepalive_s=settings.judge_keepalive_s,
         store=store,
         rates=RateLimits(settings.judge_rpm, settings.judge_tpm),
+        fleet=fleet,
     )
 
 

@@ -71,6 +71,7 @@ class OpenAIJudge(Judge):
         endpoints: tuple[EndpointConfig, ...] | None = None,
         store: FleetStore | None = None,
         rates: RateLimits = RateLimits(),
+        fleet: Fleet | None = None,
     ):
         self.endpoints = endpoints or parse_endpoints(base_url or os.environ.get("OPENAI_BASE_URL"))
         super().__init__(model, retry, outage_deadline_s, temperature)
@@ -81,7 +82,9 @@ class OpenAIJudge(Judge):
         self.response_format: ResponseFormat = response_format
         self.extra_body = extra_body or {}
         self.keepalive_s = keepalive_s
-        self.fleet: Fleet = Fleet(self.endpoints, store=store, configured=rates, prober=self._health_check)
+        #: Its endpoints' fleet: its own, or one shared with another judge on the same endpoints.
+        self._owns_fleet = fleet is None
+        self.fleet: Fleet = fleet or Fleet(self.endpoints, store=store, configured=rates, prober=self._health_check)
         self.facts = ServerFacts(self.fleet, self._client, model, connect_timeout_s)
         #: Per endpoint: the structured output it takes (``auto`` until a 400 names it).
         self._formats: dict[str, ResponseFormat] = {e.url: response_format for e in self.endpoints}
@@ -135,7 +138,8 @@ class OpenAIJudge(Judge):
             await self._clients.pop(key).close()
             self._pacers.pop(key, None)
         self.facts.forget()
-        await self.fleet.aclose()
+        if self._owns_fleet:
+            await self.fleet.aclose()
 
     def close(self) -> None:
         # Clients of loops still running are closed by their owner (the engine calls

@@ -49,6 +49,8 @@ class Dispatcher(Protocol):
 
     def dispatch_aggregation(self, group_pk: int) -> None: ...
 
+    def dispatch_audit(self, audit_pk: int) -> None: ...
+
 
 class InProcessDispatcher:
     """Runs units on this process's engine (embedded mode).
@@ -62,6 +64,8 @@ class InProcessDispatcher:
         self._idle = threading.Condition()
         self.submit_units: Callable[[Sequence[UnitRef]], Future[Any]] | None = None
         self.submit_aggregation: Callable[[int], Future[Any]] | None = None
+        #: Runs an audit (drcredit.audit.service.run) apart from the units.
+        self.submit_audit: Callable[[int], Future[Any]] | None = None
 
     def bind(
         self,
@@ -80,6 +84,11 @@ class InProcessDispatcher:
         assert self.submit_aggregation is not None, "dispatcher not bound"
         if self._admit(group_pk):
             self._track(self.submit_aggregation(group_pk))
+
+    def dispatch_audit(self, audit_pk: int) -> None:
+        assert self.submit_audit is not None, "dispatcher not bound for audits"
+        if self._admit(("audit", audit_pk)):
+            self._track(self.submit_audit(audit_pk))
 
     def _admit(self, work: object) -> bool:
         with self._idle:

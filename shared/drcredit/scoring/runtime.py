@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 
+from drcredit.audit.judges import AuditJudges, check_audit_judges
 from drcredit.judges import build_judge
 from drcredit.judges.base import Judge
 from drcredit.scoring.dispatch import Dispatcher, InProcessDispatcher
@@ -23,6 +27,8 @@ class Runtime:
     judge: Judge
     dispatcher: Dispatcher
     pipeline: Pipeline
+    #: The operator's audit judges (DRCREDIT_AUDIT_JUDGES), built on first use.
+    audits: AuditJudges
     #: Set when the schema is behind this release and migrating at start-up is off: the
     #: API answers 503 with it, a worker exits with it.
     schema_problem: str | None = None
@@ -61,14 +67,17 @@ class Runtime:
             db_threads=db_threads,
             rollout_cache_bytes=settings.rollout_cache_mb << 20,
         )
+        audits = AuditJudges(settings, judge)
+        pipeline.engine.on_close(audits.aclose)
         if isinstance(dispatcher, InProcessDispatcher):
             # Every group finishes in this process: its long-polls hear of it directly.
             pipeline.events.local = True
             dispatcher.bind(pipeline.submit_units, pipeline.submit_aggregation)
+            dispatcher.submit_audit = functools.partial(_run_audit_in_background, db, pipeline, audits)
             resumed = pipeline.resume() if problem is None else 0
             if resumed:
                 log.info("resumed %d unfinished work units", resumed)
-        return cls(settings, db, judge, dispatcher, pipeline, problem)
+        return cls(settings, db, judge, dispatcher, pipeline, audits, problem)
 
     @staticmethod
     def check(settings: Settings) -> None:
@@ -77,6 +86,7 @@ class Runtime:
         Raises ValueError or the database's OperationalError."""
         settings.tenant_keys()
         build_judge(settings).close()
+        check_audit_judges(settings)
         url = settings.resolved_database_url
         if settings.auto_migrate is not False:
             upgrade(url)
@@ -88,9 +98,27 @@ class Runtime:
             db.dispose()
 
     def close(self) -> None:
+        self.audits.close()
         self.pipeline.stop()
         if isinstance(self.dispatcher, InProcessDispatcher):
             self.dispatcher.shutdown()
         self.pipeline.engine.close()
         self.judge.close()
         self.db.dispose()
+
+
+def _run_audit_in_background(db: Database, pipeline: Pipeline, audits: AuditJudges, audit_pk: int) -> Future[str]:
+    """Embedded mode: run an audit on a thread of its own (it waits on the engine's loop
+    for its judge calls, below every training call)."""
+    from drcredit.audit import service
+
+    future: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(service.run(db, pipeline.engine, audits, audit_pk))
+        except BaseException as exc:  # noqa: BLE001 - reported through the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=f"drcredit-audit-{audit_pk}", daemon=True).start()
+    return future

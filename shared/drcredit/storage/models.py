@@ -306,3 +306,55 @@ class Replay(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     result: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Audit(Base):
+    """A judge audit: sampled done groups re-scored by a second judge and compared.
+
+    The re-scoring is kept apart (:class:`AuditGroup`): an audit never changes a group,
+    its judgments or its stored documents.
+    """
+
+    __tablename__ = "audits"
+    __table_args__ = (UniqueConstraint("audit_id"), Index("ix_audits_tenant_created", "tenant", "created_at"))
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    audit_id: Mapped[str] = mapped_column(String(64))
+    tenant: Mapped[str] = mapped_column(String(128))
+    #: The audit judge's name in DRCREDIT_AUDIT_JUDGES, and its model.
+    judge: Mapped[str] = mapped_column(String(128))
+    judge_model: Mapped[str | None] = mapped_column(String(256))
+    #: What was asked: ``{"run": R}``, ``{"batch_id": B}`` or ``{"group_ids": [...]}``.
+    scope: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sample_groups: Mapped[int | None] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: queued | running | done | failed
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    error: Mapped[str | None] = mapped_column(Text)
+    #: The sampled groups (public ids), in order.
+    group_ids: Mapped[list[Any]] = mapped_column(JSON)
+    #: The report (agreement, effect, usage) once done.
+    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: The process running it and until when that claim holds (renewed while it runs).
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+
+class AuditGroup(Base):
+    """One sampled group as the audit judge scored it: its judgments and advantages."""
+
+    __tablename__ = "audit_groups"
+    __table_args__ = (UniqueConstraint("audit_pk", "group_pk"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    audit_pk: Mapped[int] = mapped_column(ForeignKey("audits.id", ondelete="CASCADE"))
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    #: Every judgment the audit judge made: kind, key, status, value, history size, attempts.
+    judgments: Mapped[list[Any]] = mapped_column(JSON)
+    #: Per rollout and turn: process advantage (A_rg) and fused advantage; outcome rewards.
+    advantages: Mapped[dict[str, Any]] = mapped_column(JSON)
+    usage: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,11 @@
+"""Worker configuration of the auditor.
+
+An audit runs as one task: its thread waits while the sampled groups' judge calls run
+as coroutines on the process's engine, below every training call. A few threads run a
+few audits at once.
+"""
+
+from drcredit.broker.queues import AUDITOR
+from drcredit.broker.worker import WorkerConfig
+
+WORKER = WorkerConfig(queue=AUDITOR, concurrency=4, tasks_module="drcredit_auditor.tasks")
