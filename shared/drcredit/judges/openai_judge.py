@@ -103,11 +103,16 @@ _RETRY_NOTE = (
 
 
 class _NoAnswer(Exception):
-    """The endpoint gave no answer: refused or dropped connection, timeout, 5xx."""
+    """The endpoint gave no answer: refused or dropped connection, timeout, 5xx.
+
+    ``prompt_tokens``: after a timeout, the estimate of the prompt tokens the server
+    took in (it had the request; no usage came back to say how many).
+    """
 
     def __init__(self, outcome: str, message: str):
         super().__init__(message)
         self.outcome = outcome
+        self.prompt_tokens = 0
 
 
 class _RateLimited(Exception):
@@ -231,7 +236,9 @@ class OpenAIJudge(Judge):
             except AllEndpointsDown as exc:
                 last = plan.tries.pop() if plan.tries and plan.tries[-1].outcome != "rate_limited" else None
                 if last is not None and last.error is not None:
-                    raise RetryableError(last.outcome, last.error) from exc
+                    raise RetryableError(
+                        last.outcome, last.error, prompt_tokens=last.prompt_tokens, endpoint=last.endpoint
+                    ) from exc
                 raise RetryableError("connection", f"no judge endpoint can be reached ({exc})") from exc
             e = lease.endpoint
             started = time.monotonic()
@@ -247,14 +254,25 @@ class OpenAIJudge(Judge):
                 self.fleet.failed(lease, exc.outcome, str(exc))
                 failed |= {e.url}
                 if len(failed) == len(self.endpoints):
-                    raise RetryableError(exc.outcome, str(exc)) from exc
-                plan.tries.append(self._try(exc.outcome, started, str(exc), e))
+                    raise RetryableError(
+                        exc.outcome, str(exc), prompt_tokens=exc.prompt_tokens, endpoint=e.url
+                    ) from exc
+                plan.tries.append(self._try(exc.outcome, started, str(exc), e, exc.prompt_tokens))
             finally:
                 self.fleet.release(lease)
 
     @staticmethod
-    def _try(outcome: str, started: float, error: str, e: Endpoint) -> Attempt:
-        return Attempt(0, outcome, time.monotonic() - started, error=error, endpoint=e.url, spent=False)
+    def _try(outcome: str, started: float, error: str, e: Endpoint, prompt_tokens: int = 0) -> Attempt:
+        return Attempt(
+            0,
+            outcome,
+            time.monotonic() - started,
+            prompt_tokens,
+            error=error,
+            endpoint=e.url,
+            spent=False,
+            estimated=prompt_tokens > 0,
+        )
 
     async def _exchange(self, lease: Lease, prompt: Prompt, plan: AttemptPlan) -> Completion:
         """Send to the leased endpoint, resending at once when its 400 says how to fix
@@ -303,6 +321,12 @@ class OpenAIJudge(Judge):
                 raise FatalJudgeError(f"bad request: {exc}") from exc
             except FatalJudgeError:
                 self.fleet.answered(lease, None)
+                raise
+            except _NoAnswer as exc:
+                if exc.outcome == "timeout":
+                    # The server had the whole prompt when the call was cut off: its tokens
+                    # are spent though no usage came back. Counted at the most it can be.
+                    exc.prompt_tokens = ratio.most(chars)
                 raise
             self.fleet.answered(lease, time.monotonic() - started, read_headers(headers, 200))
             completion = _completion(raw, config.url, max_tokens, context)
