@@ -60,6 +60,7 @@ class Runtime:
             judge_concurrency=settings.judge_concurrency,
             db_threads=db_threads,
             rollout_cache_bytes=settings.rollout_cache_mb << 20,
+            judge_price=settings.judge_price,
         )
         if isinstance(dispatcher, InProcessDispatcher):
             # Every group finishes in this process: its long-polls hear of it directly.
