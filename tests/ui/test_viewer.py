@@ -205,7 +205,16 @@ def test_report_is_one_file_that_shows_the_same(service: Service, page: Page, tm
         for t in ra["turns"]:
             cell = page.locator(f'.cell[data-rollout="{ra["id"]}"][data-turn="{t["index"]}"]')
             assert float(cell.get_attribute("data-advantage") or "nan") == pytest.approx(t["advantage"])
-    # From the database directly (no service), as the embedded mode's user would.
+    # From the database directly (no service), as the embedded mode's user would: the
+    # group's advantages as stored (their cost at the price the group finished under),
+    # whatever price the reporting environment sets.
+    env = {**os.environ, "DRCREDIT_DATABASE_URL": service.db, "DRCREDIT_JUDGE_PRICE": "9,9,9"}
+    group_out = tmp_path / "g1-db.html"
+    done = subprocess.run([*cli, "group", "g1", "-o", str(group_out), "--tenant", "t1"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    page.goto(group_out.as_uri())
+    ready(page)
+    assert page.evaluate("() => window.DRCREDIT_DATA['/v1/groups/g1/advantages']") == adv
     run_out = tmp_path / "exp.html"
     env = {**os.environ, "DRCREDIT_DATABASE_URL": service.db}
     done = subprocess.run([*cli, "run", "exp", "-o", str(run_out), "--tenant", "t1"], env=env, capture_output=True)

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
 
 from drcredit.analytics.evidence import evidence_document
 from drcredit.analytics.runs import list_runs, run_document
@@ -72,7 +73,11 @@ def database_fetch(db: Database, tenant: str, kind: str, name: str, price: Judge
     def fetch(path: str) -> dict[str, Any]:
         with db.session() as s:
             if path.endswith("/advantages"):
-                return documents.advantages_document(s, documents.find_group(s, tenant, name, full=True), price)
+                # As the API serves it: the document stored when the group finished.
+                documents.require_done(documents.find_group(s, tenant, name))
+                stored = documents.final_advantages(s, tenant, documents.final_states(s, tenant, [name]), price)
+                served: dict[str, Any] = orjson.loads(orjson.dumps(stored[0]))
+                return served
             if path.endswith("/credits"):
                 return breakdown.credits_document(s, documents.find_group(s, tenant, name, full=True))
             if path.endswith("/evidence"):
