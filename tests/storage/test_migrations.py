@@ -153,8 +153,9 @@ def test_revision_0008_adds_judgment_usage_with_defaults_for_old_rows_and_goes_b
             text(
                 "INSERT INTO groups (tenant, group_id, content_hash, question, rubrics, params, expected_rollouts,"
                 " rollouts_received, status, judge_backend, judge_model, judgments_planned, units_total, units_done,"
-                " aggregation, created_at, updated_at) VALUES ('t', 'g', 'h', 'q', '[]', '{}', 2, 2, 'done', 'openai',"
-                " 'm', 1, 1, 1, 'done', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP) RETURNING id"
+                " aggregation, advantages_json, created_at, updated_at) VALUES ('t', 'g', 'h', 'q', '[]', '{}', 2, 2,"
+                " 'done', 'openai', 'm', 1, 1, 1, 'done', '{\"group_id\": \"g\"}', CURRENT_TIMESTAMP,"
+                " CURRENT_TIMESTAMP) RETURNING id"
             )
         ).scalar_one()
         conn.execute(
@@ -174,6 +175,8 @@ def test_revision_0008_adds_judgment_usage_with_defaults_for_old_rows_and_goes_b
         "SELECT prompt_tokens, completion_tokens, cached_prompt_tokens, estimated_prompt_tokens, endpoint,"
         " served_model, model FROM judgments",
     ) == [(120, 30, 0, 0, None, None, "m")]
+    # The document stored without usage is dropped: the API builds it from the rows.
+    assert _rows(url, "SELECT advantages_json FROM groups") == [(None,)]
     downgrade(url, "0007")
     assert not usage_columns & columns(url, "judgments")
     assert _rows(url, "SELECT prompt_tokens, completion_tokens, model FROM judgments") == [(120, 30, "m")]

@@ -7,6 +7,10 @@ the model the server said answered (``model`` stays the configured one). Judgmen
 before this revision count 0 cached and estimated tokens and name no endpoint or served
 model: their attempts (JSON) are left as they were.
 
+The advantages documents stored before this revision have no ``usage``: they are
+dropped, and the API builds a done group's document from its rows when it has none
+stored (as for groups finished before 0007), usage included.
+
 Revision ID: 0008
 Revises: 0007
 Create Date: 2026-11-26 10:00:00
@@ -33,6 +37,7 @@ def upgrade() -> None:
         batch_op.add_column(
             sa.Column("estimated_prompt_tokens", sa.Integer(), nullable=False, server_default=sa.text("0"))
         )
+    op.execute("UPDATE groups SET advantages_json = NULL WHERE advantages_json IS NOT NULL")
 
 
 def downgrade() -> None:
