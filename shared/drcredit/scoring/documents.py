@@ -241,8 +241,8 @@ def final_advantages(
 ) -> list[orjson.Fragment]:
     """The advantages documents of done groups as JSON, from :func:`final_states` rows.
 
-    A group done before documents were stored with the results (revision 0007) has its
-    document built from its rows (its cost at ``price``).
+    A group done before documents were stored with their usage (revision 0008 drops the
+    older ones) has its document built from its rows (its cost at ``price``).
     """
     missing = [r.group_id for r in rows if r.advantages_json is None]
     built = advantages_documents(s, tenant, missing, price)
