@@ -30,6 +30,7 @@ from tests.support.scenarios import hand_worked_group
 VISIT = {"prompt_tokens": 1000, "completion_tokens": 40, "prompt_tokens_details": {"cached_tokens": 600}}
 SNIPPET = {"prompt_tokens": 300, "completion_tokens": 20}
 UNUSABLE = {"prompt_tokens": 1000, "completion_tokens": 2}
+OUTCOME = {"prompt_tokens": 500, "completion_tokens": 10}
 PRICE = "2,0.5,8"
 
 USAGE_A = {
@@ -64,6 +65,8 @@ USAGE_GROUP = {
 def usage_script(call: Call) -> Reply:
     if call.kind == "snippet":
         return Reply.json(marker_answer(call), usage=SNIPPET)
+    if call.kind in ("rubric", "citation"):
+        return Reply.json(marker_answer(call), usage=OUTCOME)
     urls = [p["url"] for p in call.document["visit"]["pages"]]
     rubric_id = call.document["rubric_item"]["id"]
     first_try = not any(m["role"] == "assistant" for m in call.request["messages"])
@@ -198,6 +201,49 @@ def test_a_reused_answer_counts_no_call_and_no_token(database_url: str) -> None:
             )
             # Who gave the answer it reused.
             assert (j["endpoint"], j["served_model"]) == (judge.url, "judge-test")
+
+
+def test_outcome_judgments_count_in_their_rollouts_usage(database_url: str) -> None:
+    """outcome_source judge: a rubric call per (report, rubric) and a citation call per
+    claim, 500 prompt and 10 completion tokens each, beside one visit call per rollout.
+
+    a: visit + rubric R1 + the claim citing W1 (one page: its joint call) = 3 calls,
+    2,000 prompt (600 cached), 60 completion; b: visit + rubric R1 = 2 calls, 1,500
+    prompt (600 cached), 50 completion.
+    """
+    doc = group_doc(
+        rollout(
+            "a",
+            visit(page("W1", "https://o.org/1", "[R1:2:f1] [support=2]")),
+            answer('Report: <cite id="W1">the plant opened</cite>. [R1=4]'),
+            reward=None,
+        ),
+        rollout("b", visit(page("W1", "https://o.org/2", "nothing here")), answer("plain [R1=1]"), reward=None),
+        rubrics=[rubric("R1")],
+        params={"outcome_source": "judge"},
+        group_id="judged",
+    )
+    with running_judge(usage_script) as judge, api_client(database_url, judge.url) as c:
+        adv = scored(c, doc)
+        assert [judge.count(k) for k in ("visit", "rubric", "citation")] == [2, 2, 1]
+    zero = {"estimated_prompt_tokens": 0, "cost_usd": None}
+    assert {r["id"]: r["usage"] for r in adv["rollouts"]} == {
+        "a": {"calls": 3, "judgments": 3, "prompt_tokens": 2000, "completion_tokens": 60, "cached_prompt_tokens": 600}
+        | zero,
+        "b": {"calls": 2, "judgments": 2, "prompt_tokens": 1500, "completion_tokens": 50, "cached_prompt_tokens": 600}
+        | zero,
+    }
+    assert (
+        adv["usage"]
+        == {
+            "calls": 5,
+            "judgments": 5,
+            "prompt_tokens": 3500,
+            "completion_tokens": 110,
+            "cached_prompt_tokens": 1200,
+        }
+        | zero
+    )
 
 
 def test_a_call_cut_off_by_its_timeout_counts_estimated_prompt_tokens(database_url: str) -> None:

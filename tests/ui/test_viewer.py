@@ -224,6 +224,16 @@ def test_report_is_one_file_that_shows_the_same(service: Service, page: Page, tm
     run = api(service, "/v1/runs/exp")
     calls = page.evaluate("() => document.getElementById('chart-calls').data[0].y")
     assert calls == [s["judge_calls"]["process_per_trajectory"] for s in run["steps"]]
+    # The run's workload row, and the tokens per trajectory (no price in this environment).
+    workload = page.locator("#workload tbody td").all_inner_texts()
+    assert workload[:3] == [
+        str(run["workload"]["steps"]),
+        str(run["workload"]["trajectories"]),
+        f"{run['workload']['process_judge_tasks_per_trajectory']:.2f}",
+    ]
+    assert workload[-2:] == ["–", "–"]
+    tokens = page.evaluate("() => document.getElementById('chart-tokens').data[0].y")
+    assert tokens == [s["usage_per_trajectory"]["prompt_tokens"] for s in run["steps"]]
     assert not math.isnan(float(page.locator("#sensitivity tbody tr").count()))
     expect(page.locator("#sensitivity tbody tr")).to_have_count(7)
     shot(page, "report-run-exp")
