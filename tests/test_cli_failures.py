@@ -82,6 +82,8 @@ def test_failed_judgments_exit_4_unless_allowed_and_are_shown(tmp_path: Path) ->
         ({"DRCREDIT_JUDGE": "openai"}, ["score", str(EXAMPLE)], ["DRCREDIT_JUDGE_MODEL"]),
         ({"DRCREDIT_JUDGE": "gpt"}, ["score", str(EXAMPLE)], ["invalid configuration", "DRCREDIT_JUDGE"]),
         ({"DRCREDIT_LEASE_S": "-1"}, ["score", str(EXAMPLE)], ["DRCREDIT_LEASE_S"]),
+        ({"DRCREDIT_JUDGE_PRICE": "0.15,free,0.6"}, ["score", str(EXAMPLE)], ["DRCREDIT_JUDGE_PRICE", "'free'"]),
+        ({"DRCREDIT_JUDGE_PRICE": "0.15,0.6"}, ["serve"], ["DRCREDIT_JUDGE_PRICE", "in,cached,out"]),
         ({}, ["score", "examples"], ["is a directory"]),
         ({"DRCREDIT_API_KEYS": "acme-without-key"}, ["serve"], ["DRCREDIT_API_KEYS", "tenant:key"]),
         (

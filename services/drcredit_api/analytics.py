@@ -42,10 +42,11 @@ async def get_runs(tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
 
 @router.get("/v1/runs/{run}", response_model=schemas.RunDocument, responses=answers(404, 422))
 async def get_run(run: str, tenant: Tenant, rt: RuntimeDep, budgets: Budgets = None) -> dict[str, Any]:
-    """Per step of a run: groups and trajectories scored, judge calls per trajectory,
-    failures, scoring latency, credit, the evidence proxy and the distribution of A_rg."""
+    """Per step of a run: groups and trajectories scored, judge calls and usage (tokens,
+    cost) per trajectory, failures, scoring latency, credit, the evidence proxy and the
+    distribution of A_rg; and the run's scoring workload row."""
     chosen = parse_budgets(budgets)
-    return await read_db(rt, lambda s: run_document(s, tenant, run, chosen))
+    return await read_db(rt, lambda s: run_document(s, tenant, run, chosen, rt.settings.judge_price))
 
 
 @router.get("/v1/batches/{batch_id}/sensitivity", response_model=schemas.SensitivityTable, responses=READ)

@@ -17,11 +17,13 @@ from sqlalchemy import func, select
 from drcredit import metrics
 from drcredit.domain.batch import BatchIn
 from drcredit.domain.group import GroupIn, Rollout, is_valid_group_id
-from drcredit.scoring import documents
+from drcredit.domain.usage import total
+from drcredit.scoring import breakdown, documents
 from drcredit.scoring.errors import NotFound, NotReady, Unavailable
 from drcredit.scoring.outages import endpoint_states
 from drcredit.scoring.replay import replay
 from drcredit.scoring.runtime import Runtime
+from drcredit.scoring.usage import group_usage
 from drcredit.storage import models as m
 from drcredit_api import schemas
 from drcredit_api.auth import tenant_of
@@ -190,7 +192,8 @@ async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
 @router.get("/v1/groups/{group_id}", response_model=schemas.GroupStatus, responses=READ, tags=["results"])
 async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status and judging progress of a group."""
-    return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
+    price = rt.settings.judge_price
+    return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id), price))
 
 
 def _one_group(tenant: str, group_id: str) -> Any:
@@ -215,7 +218,7 @@ async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wa
         if row.status not in FINAL and may_wait:
             return [row.id], None
         documents.require_status_done(row.group_id, row.status, row.error)
-        return [], _json(documents.final_advantages(s, tenant, [row])[0])
+        return [], _json(documents.final_advantages(s, tenant, [row], rt.settings.judge_price)[0])
 
     return await _long_poll(rt, wait, read)
 
@@ -229,7 +232,7 @@ async def get_credits(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait 
         row = state(s)
         if row.status not in FINAL and may_wait:
             return [row.id], None
-        return [], documents.credits_document(s, documents.find_group(s, tenant, group_id, full=True))
+        return [], breakdown.credits_document(s, documents.find_group(s, tenant, group_id, full=True))
 
     return await _long_poll(rt, wait, read)
 
@@ -276,12 +279,15 @@ def _batch_status(groups: list[Any]) -> str:
 async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status of every group of a batch."""
 
+    price = rt.settings.judge_price
+
     def run(s: Any) -> dict[str, Any]:
         groups = _batch_groups(s, tenant, batch_id)
         return {
             "batch_id": batch_id,
             "status": _batch_status(groups),
-            "groups": [documents.status_document(s, g) for g in groups],
+            "usage": total(group_usage(s, [g.id for g in groups]).values()).document(price),
+            "groups": [documents.status_document(s, g, price) for g in groups],
         }
 
     return await read_db(rt, run)
@@ -305,9 +311,14 @@ async def get_batch_advantages(batch_id: str, tenant: Tenant, rt: RuntimeDep, wa
             raise NotReady(
                 _batch_status(rows), f"batch {batch_id!r}: {len(pending)} of {len(rows)} groups not finished"
             )
-        done = iter(documents.final_advantages(s, tenant, [r for r in rows if r.status == "done"]))
+        price = rt.settings.judge_price
+        done = iter(documents.final_advantages(s, tenant, [r for r in rows if r.status == "done"], price))
+        # A failed group's judge work was spent all the same.
+        spent = group_usage(s, [r.id for r in rows if r.status != "done"])
         docs = [
-            next(done) if r.status == "done" else {"group_id": r.group_id, "status": r.status, "error": r.error}
+            next(done)
+            if r.status == "done"
+            else {"group_id": r.group_id, "status": r.status, "error": r.error, "usage": spent[r.id].document(price)}
             for r in rows
         ]
         return [], _json({"batch_id": batch_id, "status": _batch_status(rows), "groups": docs})

@@ -46,6 +46,35 @@ class Progress(_Open):
     snippet_calls_skipped: int
 
 
+class Usage(_Open):
+    """What judging cost (docs/api.md, "Judge usage and cost")."""
+
+    #: HTTP exchanges with the judge: every attempt, retries included.
+    calls: int
+    #: Judgments answered by a call of their own (not reused, not a deterministic zero).
+    judgments: int
+    prompt_tokens: int
+    completion_tokens: int
+    #: The part of prompt_tokens the server served from its prefix cache.
+    cached_prompt_tokens: int
+    #: The part of prompt_tokens the platform estimated (calls cut off before any usage).
+    estimated_prompt_tokens: int
+    #: At DRCREDIT_JUDGE_PRICE; null when no price is set.
+    cost_usd: float | None
+
+
+class UsagePerTrajectory(_Open):
+    """:class:`Usage` divided by trajectories: means."""
+
+    calls: float
+    judgments: float
+    prompt_tokens: float
+    completion_tokens: float
+    cached_prompt_tokens: float
+    estimated_prompt_tokens: float
+    cost_usd: float | None
+
+
 class JudgeWait(_Open):
     #: When the judge became unreachable for this group's judgments.
     since: str | None
@@ -61,6 +90,8 @@ class GroupStatus(_Open):
     expected_rollouts: int
     rollouts_received: int
     progress: Progress
+    #: The judge's usage so far.
+    usage: Usage
     judge: dict[str, str]
     #: Set while the group's judgments wait for an unreachable judge.
     waiting_for_judge: JudgeWait | None = None
@@ -96,6 +127,13 @@ class RolloutAdvantages(_Open):
     turns: list[TurnAdvantage]
 
 
+class ScoredRollout(RolloutAdvantages):
+    """A rollout of the advantages document (a replay's have no usage: it calls no judge)."""
+
+    #: The judge's usage for this rollout's judgments (process and outcome).
+    usage: Usage
+
+
 class Stats(_Open):
     mu_rg: float | None
     sigma_rg: float | None
@@ -114,7 +152,9 @@ class AdvantagesDocument(_Open):
     stats: Stats
     #: The group's judgment counts, failures included.
     progress: AdvantagesProgress
-    rollouts: list[RolloutAdvantages]
+    #: The group's usage: the sum of its rollouts'.
+    usage: Usage
+    rollouts: list[ScoredRollout]
 
 
 class BatchAdvantages(_Open):
@@ -126,6 +166,8 @@ class BatchAdvantages(_Open):
 class BatchStatus(_Open):
     batch_id: str
     status: str
+    #: The sum of the groups' usage.
+    usage: Usage
     groups: list[GroupStatus]
 
 
@@ -216,6 +258,10 @@ class RunStep(_Open):
     group_ids: list[str]
     trajectories: int
     judge_calls: dict[str, float | None]
+    #: The judge's usage for every group of the step (failed ones too).
+    usage: Usage
+    #: The done groups' usage over their trajectories; null without one.
+    usage_per_trajectory: UsagePerTrajectory | None
     failed_judgments: int
     unscorable_turns: int
     latency_per_trajectory_s: dict[str, float] | None
@@ -225,9 +271,23 @@ class RunStep(_Open):
     process_advantage: dict[str, Any]
 
 
+class Workload(_Open):
+    """The run's scoring workload row: per-step values averaged over the scored steps."""
+
+    steps: int
+    trajectories: int
+    process_judge_tasks_per_trajectory: float | None
+    outcome_judge_tasks_per_trajectory: float | None
+    scoring_latency_per_trajectory_s: float | None
+    usage_per_trajectory: UsagePerTrajectory | None
+    #: The run's usage in all.
+    usage: Usage
+
+
 class RunDocument(_Open):
     run: str
     budgets: list[int]
+    workload: Workload
     steps: list[RunStep]
 
 

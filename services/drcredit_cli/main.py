@@ -188,7 +188,7 @@ def score(
             row = documents.find_group(s, "public", submitted.group_id, full=True)
             if row.status != "done":
                 _fail(f"group {row.group_id} {row.status}: {row.error}", EXIT_GROUP_FAILED)
-            document = documents.advantages_document(s, row)
+            document = documents.advantages_document(s, row, settings.judge_price)
             progress = documents.progress(s, row)
             reasons = _failure_reasons(s, row.id)
     finally:

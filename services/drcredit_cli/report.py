@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import httpx
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from sqlalchemy.exc import OperationalError
 
@@ -44,12 +45,13 @@ def report(
         else:
             from drcredit.storage.database import Database
 
-            db = Database(Settings().resolved_database_url, 2)
+            settings = Settings()
+            db = Database(settings.resolved_database_url, 2)
             try:
-                html = _html(kind, name, database_fetch(db, tenant, kind, name))
+                html = _html(kind, name, database_fetch(db, tenant, kind, name, settings.judge_price))
             finally:
                 db.dispose()
-    except (LookupError, NotFound, NotReady) as exc:
+    except (LookupError, NotFound, NotReady, ValidationError) as exc:
         _fail(str(exc))
     except (httpx.HTTPError, OperationalError) as exc:
         _fail(f"cannot read the {kind}: {str(exc).splitlines()[0]}", 3)

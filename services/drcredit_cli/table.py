@@ -82,3 +82,19 @@ def print_advantages(document: dict[str, Any], progress: dict[str, int], out: Co
         f"failed {progress['judgments_failed']}",
         highlight=False,
     )
+    usage = document.get("usage")
+    if usage is not None:
+        out.print(usage_line(usage), highlight=False)
+
+
+def usage_line(usage: dict[str, Any]) -> str:
+    """The judge's usage in one line: calls, tokens (cached and estimated parts), cost."""
+    cost = usage["cost_usd"]
+    estimated = usage.get("estimated_prompt_tokens", 0)
+    return (
+        f"judge usage: {usage['calls']} calls for {usage.get('judgments', 0)} judgments, "
+        f"{usage['prompt_tokens']} prompt tokens ({usage['cached_prompt_tokens']} cached"
+        + (f", {estimated} estimated" if estimated else "")
+        + f"), {usage['completion_tokens']} completion tokens, "
+        + ("cost n/a (set DRCREDIT_JUDGE_PRICE)" if cost is None else f"cost ${cost:.6f}")
+    )

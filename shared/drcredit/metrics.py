@@ -21,7 +21,14 @@ JUDGE_LATENCY = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128),
 )
 JUDGE_TOKENS = Counter(
-    "drcredit_judge_tokens_total", "Judge tokens by kind and direction", ["backend", "kind", "direction"]
+    "drcredit_judge_tokens_total",
+    "Judge tokens by kind and direction (prompt, completion; cached_prompt: the part of prompt the server's cache served)",
+    ["backend", "kind", "direction"],
+)
+JUDGE_COST = Counter(
+    "drcredit_judge_cost_usd_total",
+    "What the judge's tokens cost at DRCREDIT_JUDGE_PRICE (absent: no price set)",
+    ["backend", "kind"],
 )
 JUDGE_CACHE_HITS = Counter("drcredit_judge_cache_hits_total", "Judgments reused from an identical request", ["kind"])
 DETERMINISTIC_ZEROS = Counter("drcredit_deterministic_zero_judgments_total", "Visit judgments made without a call")
@@ -77,7 +84,7 @@ SWEEPS = Counter("drcredit_sweep_redispatched_total", "Work units re-dispatched 
 
 
 @lru_cache(maxsize=512)
-def _judgment_children(backend: str, kind: str, status: str) -> tuple[Any, Any, Any, Any]:
+def _judgment_children(backend: str, kind: str, status: str) -> tuple[Any, Any, Any, Any, Any]:
     # A labelled child is the same object for the same labels; looking it up takes a
     # lock and a few dict operations, five times per judge call without this cache.
     return (
@@ -85,7 +92,13 @@ def _judgment_children(backend: str, kind: str, status: str) -> tuple[Any, Any, 
         JUDGE_LATENCY.labels(backend, kind),
         JUDGE_TOKENS.labels(backend, kind, "prompt"),
         JUDGE_TOKENS.labels(backend, kind, "completion"),
+        JUDGE_TOKENS.labels(backend, kind, "cached_prompt"),
     )
+
+
+@lru_cache(maxsize=512)
+def _cost_child(backend: str, kind: str) -> Any:
+    return JUDGE_COST.labels(backend, kind)
 
 
 @lru_cache(maxsize=512)
@@ -101,12 +114,17 @@ def observe_judgment(
     prompt_tokens: int,
     completion_tokens: int,
     attempt_outcomes: Iterable[str],
+    cached_tokens: int = 0,
+    cost_usd: float | None = None,
 ) -> None:
-    """Count one judgment: call, latency, tokens and each attempt's outcome."""
-    calls, latency, prompt, completion = _judgment_children(backend, kind, status)
+    """Count one judgment: call, latency, tokens, cost (with a price) and each attempt's outcome."""
+    calls, latency, prompt, completion, cached = _judgment_children(backend, kind, status)
     calls.inc()
     latency.observe(latency_s)
     prompt.inc(prompt_tokens)
     completion.inc(completion_tokens)
+    cached.inc(cached_tokens)
+    if cost_usd is not None:
+        _cost_child(backend, kind).inc(cost_usd)
     for outcome in attempt_outcomes:
         _attempt_child(backend, kind, outcome).inc()

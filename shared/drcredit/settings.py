@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from drcredit.domain.limits import Limits
+from drcredit.domain.usage import JudgePrice, parse_price
 
 
 class Settings(BaseSettings):
@@ -56,6 +57,9 @@ class Settings(BaseSettings):
     #: vLLM and SGLang): a connection the server has just closed, reused at the start
     #: of the next step, fails its request and costs a retry with backoff.
     judge_keepalive_s: float = Field(4.0, gt=0)
+    #: USD per million prompt, cached prompt and completion tokens, ``"in,cached,out"``:
+    #: the documents' ``cost_usd`` (null without it) and the cost metric.
+    judge_price: Annotated[JudgePrice | None, NoDecode] = None
 
     #: Named audit judges (JSON object; drcredit.audit.judges): each entry takes the
     #: judge settings without their ``judge_`` prefix. Never taken from a request.
@@ -120,6 +124,13 @@ class Settings(BaseSettings):
     def _model_not_blank(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("judge_model must not be blank")
+        return value
+
+    @field_validator("judge_price", mode="before")
+    @classmethod
+    def _price(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_price(value) if value.strip() else None
         return value
 
     @property

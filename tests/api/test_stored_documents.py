@@ -79,8 +79,14 @@ def test_a_failed_group_has_no_document_and_its_batch_shows_why(database_url: st
                 "group_id",
                 "status",
                 "error",
+                "usage",
             }
         )
+        # The failed group's judge work was spent all the same: each judgment stored
+        # failed after its 2 attempts, each answered 'no idea' (7 characters: 1 token).
+        usage = lost["usage"]
+        assert usage["judgments"] >= 1 and usage["calls"] == 2 * usage["judgments"]
+        assert usage["completion_tokens"] == usage["calls"] and usage["cost_usd"] is None
         with c.app.state.runtime.db.read_session() as s:
             assert [r.advantages_json for r in documents.final_states(s, OPEN_TENANT, ["lost"])] == [None]
         answer = c.get("/v1/groups/lost/advantages")

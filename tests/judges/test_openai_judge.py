@@ -159,6 +159,20 @@ def test_timeout_is_retried() -> None:
     assert [a.outcome for a in result.attempts] == ["timeout", "ok"]
 
 
+def test_a_timed_out_call_counts_the_prompt_tokens_it_sent_as_estimated() -> None:
+    with judge_for(sequence(Reply.json(GOOD, delay=1.5), Reply.json(GOOD)), timeout=0.5) as (judge, server):
+        result = judge.judge_visit(visit_request())
+    late, ok = result.attempts
+    chars = sum(len(m["content"]) for m in server.calls[0].request["messages"])
+    # Nothing observed on the endpoint yet: the most tokens plausible, at 2 characters a token.
+    estimate = chars // 2 + 1
+    assert (late.outcome, late.prompt_tokens, late.completion_tokens, late.estimated) == ("timeout", estimate, 0, True)
+    assert late.endpoint == server.url
+    # The answered retry: the server's own count (the scripted server's chars // 4).
+    assert (ok.outcome, ok.prompt_tokens, ok.estimated) == ("ok", chars // 4, False)
+    assert result.prompt_tokens == estimate + chars // 4 and result.estimated_prompt_tokens == estimate
+
+
 @pytest.mark.parametrize("reply", [Reply.json(GOOD, delay=1.0), Reply(status=503), Reply(status=429)])
 def test_a_judge_that_never_answers_is_unavailable_not_a_failed_judgment(reply: Reply) -> None:
     """Timeouts, 5xx and 429 outlasting the retries open the breaker: the judgment waits,

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from drcredit.domain.group import GroupIn
-from drcredit.scoring import documents
+from drcredit.scoring import breakdown, documents
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
@@ -48,7 +48,7 @@ def score(rt: Runtime, g: GroupIn, timeout: float = 30) -> dict[str, Any]:
                 assert row.status == "done", row.error
                 return {
                     "advantages": documents.advantages_document(s, row),
-                    "credits": documents.credits_document(s, row),
+                    "credits": breakdown.credits_document(s, row),
                     "progress": documents.progress(s, row),
                 }
         assert time.monotonic() < deadline, "group did not finish"
@@ -344,7 +344,7 @@ def _finished(rt: Runtime, group_id: str, timeout: float = 30) -> dict[str, Any]
             if row.status == "done":
                 return {
                     "advantages": documents.advantages_document(s, row),
-                    "credits": documents.credits_document(s, row),
+                    "credits": breakdown.credits_document(s, row),
                 }
         assert time.monotonic() < deadline, "group did not finish"
         time.sleep(0.05)

@@ -140,3 +140,45 @@ def test_revision_0007_adds_the_stored_advantages_document_and_goes_back_cleanly
     assert "advantages_json" not in columns(database_url, "groups")
     upgrade(database_url)
     assert schema_differences(database_url) == []
+
+
+def test_revision_0008_adds_judgment_usage_with_defaults_for_old_rows_and_goes_back_cleanly(database_url: str) -> None:
+    url = database_url
+    upgrade(url, "0007")
+    usage_columns = {"cached_prompt_tokens", "estimated_prompt_tokens", "endpoint", "served_model"}
+    assert not usage_columns & columns(url, "judgments")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        group_pk = conn.execute(
+            text(
+                "INSERT INTO groups (tenant, group_id, content_hash, question, rubrics, params, expected_rollouts,"
+                " rollouts_received, status, judge_backend, judge_model, judgments_planned, units_total, units_done,"
+                " aggregation, advantages_json, created_at, updated_at) VALUES ('t', 'g', 'h', 'q', '[]', '{}', 2, 2,"
+                " 'done', 'openai', 'm', 1, 1, 1, 'done', '{\"group_id\": \"g\"}', CURRENT_TIMESTAMP,"
+                " CURRENT_TIMESTAMP) RETURNING id"
+            )
+        ).scalar_one()
+        conn.execute(
+            text(
+                "INSERT INTO judgments (group_pk, kind, rollout_id, turn_index, rubric_id, status, level, cache_hit,"
+                " model, prompt_tokens, completion_tokens, attempt_count, created_at) VALUES (:g, 'visit', 'r0', 0,"
+                " 'R1', 'ok', 2, false, 'm', 120, 30, 1, CURRENT_TIMESTAMP)"
+            ),
+            {"g": group_pk},
+        )
+    engine.dispose()
+    upgrade(url, "0008")
+    assert usage_columns <= columns(url, "judgments")
+    # A judgment stored before: no cached or estimated tokens, no endpoint or served model.
+    assert _rows(
+        url,
+        "SELECT prompt_tokens, completion_tokens, cached_prompt_tokens, estimated_prompt_tokens, endpoint,"
+        " served_model, model FROM judgments",
+    ) == [(120, 30, 0, 0, None, None, "m")]
+    # The document stored without usage is dropped: the API builds it from the rows.
+    assert _rows(url, "SELECT advantages_json FROM groups") == [(None,)]
+    downgrade(url, "0007")
+    assert not usage_columns & columns(url, "judgments")
+    assert _rows(url, "SELECT prompt_tokens, completion_tokens, model FROM judgments") == [(120, 30, "m")]
+    upgrade(url)
+    assert schema_differences(url) == []

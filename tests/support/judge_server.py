@@ -46,6 +46,9 @@ class Reply:
     delay: float = 0.0
     finish_reason: str = "stop"
     error: str = "scripted failure"
+    #: The answer's ``usage`` as given (e.g. with ``prompt_tokens_details.cached_tokens``);
+    #: None: prompt characters // 4 and answer characters // 4.
+    usage: dict[str, Any] | None = None
 
     @staticmethod
     def json(value: Any, **kw: Any) -> Reply:
@@ -193,7 +196,9 @@ def _app(server: JudgeServer) -> Starlette:
                         "message": {"role": "assistant", "content": content},
                     }
                 ],
-                "usage": {
+                "usage": reply.usage
+                if reply.usage is not None
+                else {
                     "prompt_tokens": prompt_chars // 4,
                     "completion_tokens": len(content) // 4,
                     "total_tokens": prompt_chars // 4 + len(content) // 4,

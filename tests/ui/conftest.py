@@ -14,7 +14,7 @@ from drcredit_api.app import create_app
 from tests.support.api import settings_for
 from tests.support.builders import group_doc
 from tests.support.infra import postgres_database
-from tests.support.judge_server import marker_script, running_judge
+from tests.support.judge_server import Call, Reply, marker_answer, running_judge
 from tests.support.live import serving
 from tests.support.scenarios import RUBRICS, hand_worked_group, rollout_a, rollout_b
 from tests.ui.helpers import CHROMIUM, K1, K2, Service
@@ -22,6 +22,20 @@ from tests.ui.scenarios import judged_group, long_group, step_group
 
 #: Steps of the long run: the charts must stay legible with this many.
 MANY_STEPS = 200
+#: The judge's price (USD per million prompt, cached prompt and completion tokens).
+PRICE = "0.15,0.075,0.6"
+
+
+def cached_marker_script(call: Call) -> Reply:
+    """The marker judge, reporting half of each prompt's tokens as served from its cache."""
+    reply = Reply.json(marker_answer(call))
+    prompt = sum(len(m["content"]) for m in call.request["messages"]) // 4
+    reply.usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": len(reply.content or "") // 4,
+        "prompt_tokens_details": {"cached_tokens": prompt // 2},
+    }
+    return reply
 
 
 def _seed(c: httpx.Client) -> None:
@@ -49,8 +63,8 @@ def _seed(c: httpx.Client) -> None:
 
 @pytest.fixture(scope="session")
 def service() -> Iterator[Service]:
-    with running_judge(marker_script) as judge, postgres_database() as db:
-        app = create_app(settings_for(db, judge.url, api_keys=f"t1:{K1},t2:{K2}"))
+    with running_judge(cached_marker_script) as judge, postgres_database() as db:
+        app = create_app(settings_for(db, judge.url, api_keys=f"t1:{K1},t2:{K2}", judge_price=PRICE))
         with serving(app) as url:
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {K1}"}, timeout=60) as c:
                 _seed(c)

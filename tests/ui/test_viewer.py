@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.ui.helpers import K1, K2, Service, api, ready, shot, use_key
+from tests.ui.helpers import K1, K2, Service, api, open_page, ready, shot, use_key
 
 
 def test_group_page_shows_the_documents_values(service: Service, page: Page) -> None:
@@ -105,6 +105,71 @@ def test_run_page_charts_and_sensitivity_table(service: Service, page: Page) -> 
     assert page.url.endswith("/ui/groups/g3")
 
 
+def shown(text: str) -> float:
+    """A number as the viewer shows it ("$0.0123", "1,234.5") read back."""
+    return float(text.lstrip("$").replace(",", ""))
+
+
+def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, page: Page) -> None:
+    open_page(page, service, "/ui/runs/exp")
+    run = api(service, "/v1/runs/exp")
+    work, per = run["workload"], run["workload"]["usage_per_trajectory"]
+    assert work["usage"]["cost_usd"] > 0 and per["cached_prompt_tokens"] > 0
+    cells = page.locator("#workload tbody td").all_inner_texts()
+    assert cells[:2] == [str(work["steps"]), str(work["trajectories"])]
+    figures = [
+        work["process_judge_tasks_per_trajectory"],
+        work["outcome_judge_tasks_per_trajectory"],
+        work["scoring_latency_per_trajectory_s"],
+    ]
+    assert cells[2:5] == [f"{x:.2f}" for x in figures]
+    usage_shown = [per["prompt_tokens"], per["cached_prompt_tokens"], per["completion_tokens"], per["cost_usd"]]
+    for text, value in zip(cells[5:], [*usage_shown, work["usage"]["cost_usd"]], strict=True):
+        assert shown(text) == pytest.approx(value, rel=1e-3, abs=0.05), text
+    traces = page.evaluate("() => document.getElementById('chart-tokens').data.map(t => [t.name, t.y, t.yaxis || 'y'])")
+    assert traces == [
+        ["prompt", [s["usage_per_trajectory"]["prompt_tokens"] for s in run["steps"]], "y"],
+        ["cached prompt", [s["usage_per_trajectory"]["cached_prompt_tokens"] for s in run["steps"]], "y"],
+        ["completion", [s["usage_per_trajectory"]["completion_tokens"] for s in run["steps"]], "y"],
+        ["cost (USD)", [s["usage_per_trajectory"]["cost_usd"] for s in run["steps"]], "y2"],
+    ]
+    rows = page.locator("#steps tbody tr")
+    for k, step in enumerate(run["steps"]):
+        texts = rows.nth(k).locator("td").all_inner_texts()
+        u = step["usage_per_trajectory"]
+        assert shown(texts[10]) == pytest.approx(u["prompt_tokens"] + u["completion_tokens"], abs=0.05)
+        assert shown(texts[11]) == pytest.approx(u["cost_usd"], rel=1e-3)
+        assert shown(texts[12]) == pytest.approx(step["usage"]["cost_usd"], rel=1e-3)
+    shot(page, "run-exp-usage")
+
+    open_page(page, service, "/ui/groups/g1")
+    adv = api(service, "/v1/groups/g1/advantages")
+    usage = page.locator("#group-usage")
+    expect(usage).to_contain_text(f"{adv['usage']['calls']} requests")
+    expect(usage).to_contain_text(f"{adv['usage']['prompt_tokens']:,} prompt tokens")
+    expect(usage).to_contain_text(f"{adv['usage']['cached_prompt_tokens']:,} cached")
+    cost = usage.locator('[data-term="cost"]').get_attribute("data-value")
+    assert float(cost or "nan") == adv["usage"]["cost_usd"]
+    # Each judgment: who answered it and its tokens (a visit of rollout a judged for R1 and R2).
+    page.click('.cell[data-rollout="a"][data-turn="1"]')
+    credits = api(service, "/v1/groups/g1/credits")
+    lines = page.locator("#details [data-usage]")
+    judged = credits["rollouts"][0]["turns"][1]["judgments"]
+    expect(lines).to_have_count(len(judged))
+    for k, j in enumerate(judged):
+        expect(lines.nth(k)).to_contain_text(f"answered by {j['served_model']} at {j['endpoint']}")
+        expect(lines.nth(k)).to_contain_text(
+            f"{j['prompt_tokens']:,} prompt tokens ({j['cached_prompt_tokens']:,} cached)"
+        )
+        expect(lines.nth(k)).to_contain_text(f"{j['completion_tokens']:,} completion tokens")
+    page.click('.cell.outcome[data-rollout="b"]')
+    b = adv["rollouts"][1]["usage"]
+    expect(page.locator("#details [data-rollout-usage]")).to_contain_text(
+        f"{b['calls']} requests · {b['prompt_tokens']:,} prompt tokens ({b['cached_prompt_tokens']:,} cached)"
+    )
+    shot(page, "group-g1-usage")
+
+
 def test_another_tenant_sees_nothing(service: Service, page: Page) -> None:
     use_key(page, service.url, K2)
     expect(page.locator("#runs tbody")).to_contain_text("no runs yet")
@@ -140,7 +205,16 @@ def test_report_is_one_file_that_shows_the_same(service: Service, page: Page, tm
         for t in ra["turns"]:
             cell = page.locator(f'.cell[data-rollout="{ra["id"]}"][data-turn="{t["index"]}"]')
             assert float(cell.get_attribute("data-advantage") or "nan") == pytest.approx(t["advantage"])
-    # From the database directly (no service), as the embedded mode's user would.
+    # From the database directly (no service), as the embedded mode's user would: the
+    # group's advantages as stored (their cost at the price the group finished under),
+    # whatever price the reporting environment sets.
+    env = {**os.environ, "DRCREDIT_DATABASE_URL": service.db, "DRCREDIT_JUDGE_PRICE": "9,9,9"}
+    group_out = tmp_path / "g1-db.html"
+    done = subprocess.run([*cli, "group", "g1", "-o", str(group_out), "--tenant", "t1"], env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    page.goto(group_out.as_uri())
+    ready(page)
+    assert page.evaluate("() => window.DRCREDIT_DATA['/v1/groups/g1/advantages']") == adv
     run_out = tmp_path / "exp.html"
     env = {**os.environ, "DRCREDIT_DATABASE_URL": service.db}
     done = subprocess.run([*cli, "run", "exp", "-o", str(run_out), "--tenant", "t1"], env=env, capture_output=True)
@@ -150,6 +224,16 @@ def test_report_is_one_file_that_shows_the_same(service: Service, page: Page, tm
     run = api(service, "/v1/runs/exp")
     calls = page.evaluate("() => document.getElementById('chart-calls').data[0].y")
     assert calls == [s["judge_calls"]["process_per_trajectory"] for s in run["steps"]]
+    # The run's workload row, and the tokens per trajectory (no price in this environment).
+    workload = page.locator("#workload tbody td").all_inner_texts()
+    assert workload[:3] == [
+        str(run["workload"]["steps"]),
+        str(run["workload"]["trajectories"]),
+        f"{run['workload']['process_judge_tasks_per_trajectory']:.2f}",
+    ]
+    assert workload[-2:] == ["–", "–"]
+    tokens = page.evaluate("() => document.getElementById('chart-tokens').data[0].y")
+    assert tokens == [s["usage_per_trajectory"]["prompt_tokens"] for s in run["steps"]]
     assert not math.isnan(float(page.locator("#sensitivity tbody tr").count()))
     expect(page.locator("#sensitivity tbody tr")).to_have_count(7)
     shot(page, "report-run-exp")

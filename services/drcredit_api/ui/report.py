@@ -10,12 +10,14 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import orjson
 
 from drcredit.analytics.evidence import evidence_document
 from drcredit.analytics.runs import list_runs, run_document
 from drcredit.analytics.sensitivity import batch_sensitivity
 from drcredit.domain.evidence import DEFAULT_BUDGETS
-from drcredit.scoring import documents
+from drcredit.domain.usage import JudgePrice
+from drcredit.scoring import breakdown, documents
 from drcredit.storage.database import Database
 from drcredit_api.ui.pages import render
 
@@ -64,15 +66,20 @@ def remote_fetch(client: httpx.Client) -> Fetch:
     return fetch
 
 
-def database_fetch(db: Database, tenant: str, kind: str, name: str) -> Fetch:
-    """The documents the endpoints would answer, read from the database directly."""
+def database_fetch(db: Database, tenant: str, kind: str, name: str, price: JudgePrice | None = None) -> Fetch:
+    """The documents the endpoints would answer, read from the database directly (costs
+    at ``price``, as the service's ``DRCREDIT_JUDGE_PRICE`` would give them)."""
 
     def fetch(path: str) -> dict[str, Any]:
         with db.session() as s:
             if path.endswith("/advantages"):
-                return documents.advantages_document(s, documents.find_group(s, tenant, name, full=True))
+                # As the API serves it: the document stored when the group finished.
+                documents.require_done(documents.find_group(s, tenant, name))
+                stored = documents.final_advantages(s, tenant, documents.final_states(s, tenant, [name]), price)
+                served: dict[str, Any] = orjson.loads(orjson.dumps(stored[0]))
+                return served
             if path.endswith("/credits"):
-                return documents.credits_document(s, documents.find_group(s, tenant, name, full=True))
+                return breakdown.credits_document(s, documents.find_group(s, tenant, name, full=True))
             if path.endswith("/evidence"):
                 return evidence_document(s, documents.find_group(s, tenant, name), DEFAULT_BUDGETS)
             if path == "/v1/runs":
@@ -82,7 +89,7 @@ def database_fetch(db: Database, tenant: str, kind: str, name: str) -> Fetch:
                 from urllib.parse import unquote
 
                 return batch_sensitivity(s, documents.find_batch(s, tenant, unquote(batch_id)))
-            return run_document(s, tenant, name, DEFAULT_BUDGETS)
+            return run_document(s, tenant, name, DEFAULT_BUDGETS, price)
 
     return fetch
 

@@ -2,10 +2,12 @@
 
 A group belongs to a run and a step through ``metadata.run`` and ``metadata.step`` (the
 SDK's ``run``/``step`` arguments and both trainer adapters set them). Per step: groups
-and trajectories scored, judge calls per trajectory (process and outcome), failed
-judgments and unscorable turns, scoring latency per trajectory (a rollout's arrival to
-its group's advantages), mean credit and the share of zero-credit turns, the evidence
-proxy C(b) and U(b) over the step's trajectories, and the distribution of A_rg.
+and trajectories scored, judge calls per trajectory (process and outcome), the judge's
+usage (tokens, cost) in all and per trajectory, failed judgments and unscorable turns,
+scoring latency per trajectory (a rollout's arrival to its group's advantages), mean
+credit and the share of zero-credit turns, the evidence proxy C(b) and U(b) over the
+step's trajectories, and the distribution of A_rg. Per run: the scoring workload row
+(:mod:`drcredit.analytics.workload`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from drcredit.analytics.evidence import contributions, points
+from drcredit.analytics.workload import workload
 from drcredit.domain.summaries import ADVANTAGE_EDGES, describe, histogram
+from drcredit.domain.usage import JudgePrice, Usage, per_item, total
 from drcredit.scoring.errors import NotFound
 from drcredit.scoring.outcomes import OUTCOME_KINDS
+from drcredit.scoring.usage import group_usage
 from drcredit.storage import models as m
 from drcredit.storage.database import aware
 
@@ -54,7 +59,10 @@ def list_runs(s: Session, tenant: str) -> dict[str, Any]:
     }
 
 
-def run_document(s: Session, tenant: str, run: str, budgets: Sequence[int]) -> dict[str, Any]:
+def run_document(
+    s: Session, tenant: str, run: str, budgets: Sequence[int], price: JudgePrice | None = None
+) -> dict[str, Any]:
+    """The run's steps and its workload row; costs at ``price`` (null without one)."""
     groups = s.execute(
         select(m.Group.id, m.Group.group_id, m.Group.step, m.Group.status, m.Group.finished_at, m.Batch.batch_id)
         .outerjoin(m.Batch, m.Batch.id == m.Group.batch_pk)
@@ -65,6 +73,7 @@ def run_document(s: Session, tenant: str, run: str, budgets: Sequence[int]) -> d
         raise NotFound(f"run {run!r} not found", "run")
     done = [g.id for g in groups if g.status == "done"]
     calls = _judge_calls(s, [g.id for g in groups])
+    usage = group_usage(s, [g.id for g in groups])
     turns = _turns(s, done)
     arrivals = _arrivals(s, done)
     evidence = contributions(s, done)
@@ -72,11 +81,18 @@ def run_document(s: Session, tenant: str, run: str, budgets: Sequence[int]) -> d
     for g in groups:
         by_step[g.step].append(g)
     steps = []
+    spent: list[Usage] = []
     for step, members in by_step.items():
         finished = [g for g in members if g.status == "done"]
         trajectories = sum(len(arrivals[g.id]) for g in finished)
         process = sum(calls[g.id]["process"] for g in members)
         outcome = sum(calls[g.id]["outcome"] for g in members)
+        # Per trajectory: the done groups' calls over their trajectories (a failed
+        # group's calls were made, but it scored no trajectory).
+        done_process = sum(calls[g.id]["process"] for g in finished)
+        done_outcome = sum(calls[g.id]["outcome"] for g in finished)
+        step_usage = total(usage[g.id] for g in members)
+        spent.append(step_usage)
         credits = [c for g in finished for c, _, _ in turns[g.id] if c is not None]
         advantages = [a for g in finished for _, a, _ in turns[g.id] if a is not None]
         latencies = [
@@ -97,9 +113,11 @@ def run_document(s: Session, tenant: str, run: str, budgets: Sequence[int]) -> d
                 "judge_calls": {
                     "process": process,
                     "outcome": outcome,
-                    "process_per_trajectory": process / trajectories if trajectories else None,
-                    "outcome_per_trajectory": outcome / trajectories if trajectories else None,
+                    "process_per_trajectory": done_process / trajectories if trajectories else None,
+                    "outcome_per_trajectory": done_outcome / trajectories if trajectories else None,
                 },
+                "usage": step_usage.document(price),
+                "usage_per_trajectory": per_item(total(usage[g.id] for g in finished), trajectories, price),
                 "failed_judgments": sum(calls[g.id]["failed"] for g in members),
                 "unscorable_turns": sum(1 for g in finished for _, _, u in turns[g.id] if u),
                 "latency_per_trajectory_s": describe(latencies),
@@ -113,7 +131,7 @@ def run_document(s: Session, tenant: str, run: str, budgets: Sequence[int]) -> d
                 },
             }
         )
-    return {"run": run, "budgets": list(budgets), "steps": steps}
+    return {"run": run, "budgets": list(budgets), "workload": workload(steps, total(spent), price), "steps": steps}
 
 
 def _judge_calls(s: Session, group_pks: list[int]) -> dict[int, dict[str, int]]:

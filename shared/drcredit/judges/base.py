@@ -114,11 +114,17 @@ class Completion:
 
 
 class RetryableError(Exception):
-    """An attempt failed in a way another attempt may fix (connection, 429, 5xx, timeout)."""
+    """An attempt failed in a way another attempt may fix (connection, 429, 5xx, timeout).
 
-    def __init__(self, outcome: str, message: str):
+    ``prompt_tokens``: the platform's estimate of the prompt tokens the judge spent on a
+    call cut off before any usage came back (a timeout); ``endpoint``: where it went.
+    """
+
+    def __init__(self, outcome: str, message: str, *, prompt_tokens: int = 0, endpoint: str | None = None):
         super().__init__(message)
         self.outcome = outcome
+        self.prompt_tokens = prompt_tokens
+        self.endpoint = endpoint
 
 
 class FatalJudgeError(Exception):
@@ -146,6 +152,8 @@ class JudgeResult(Generic[V]):
     answer: Any = None
     failure_reason: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
+    #: A reused answer (an identical request's, stored): (endpoint, model) that gave it.
+    reused_from: tuple[str | None, str | None] | None = None
 
     @property
     def latency_s(self) -> float:
@@ -164,8 +172,16 @@ class JudgeResult(Generic[V]):
         return sum(a.cached_tokens for a in self.attempts)
 
     @property
+    def estimated_prompt_tokens(self) -> int:
+        """The part of :attr:`prompt_tokens` the platform estimated (calls cut off)."""
+        return sum(a.prompt_tokens for a in self.attempts if a.estimated)
+
+    @property
     def answered_by(self) -> tuple[str | None, str | None]:
-        """(endpoint, model) of the attempt that gave the judgment's answer (or the last)."""
+        """(endpoint, model) of the attempt that gave the judgment's answer (or the last;
+        for a reused answer, the one that gave it)."""
+        if not self.attempts and self.reused_from is not None:
+            return self.reused_from
         for a in reversed(self.attempts):
             if a.outcome == "ok":
                 return a.endpoint, a.model
@@ -316,7 +332,16 @@ class Judge(ABC):
             try:
                 completion = await self.acomplete(prompt, plan)
             except RetryableError as exc:
-                self._record(result, plan, Attempt(0, exc.outcome, time.perf_counter() - started, error=str(exc)))
+                tried = Attempt(
+                    0,
+                    exc.outcome,
+                    time.perf_counter() - started,
+                    exc.prompt_tokens,
+                    error=str(exc),
+                    endpoint=exc.endpoint,
+                    estimated=exc.prompt_tokens > 0,
+                )
+                self._record(result, plan, tried)
                 if exc.outcome not in UNREACHABLE_OUTCOMES:
                     self.breaker.reachable()
                 raise

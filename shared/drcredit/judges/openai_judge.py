@@ -161,7 +161,9 @@ class OpenAIJudge(Judge):
             except AllEndpointsDown as exc:
                 last = plan.tries.pop() if plan.tries and plan.tries[-1].outcome != "rate_limited" else None
                 if last is not None and last.error is not None:
-                    raise RetryableError(last.outcome, last.error) from exc
+                    raise RetryableError(
+                        last.outcome, last.error, prompt_tokens=last.prompt_tokens, endpoint=last.endpoint
+                    ) from exc
                 raise RetryableError("connection", f"no judge endpoint can be reached ({exc})") from exc
             e = lease.endpoint
             started = time.monotonic()
@@ -177,14 +179,25 @@ class OpenAIJudge(Judge):
                 self.fleet.failed(lease, exc.outcome, str(exc))
                 failed |= {e.url}
                 if len(failed) == len(self.endpoints):
-                    raise RetryableError(exc.outcome, str(exc)) from exc
-                plan.tries.append(self._try(exc.outcome, started, str(exc), e))
+                    raise RetryableError(
+                        exc.outcome, str(exc), prompt_tokens=exc.prompt_tokens, endpoint=e.url
+                    ) from exc
+                plan.tries.append(self._try(exc.outcome, started, str(exc), e, exc.prompt_tokens))
             finally:
                 self.fleet.release(lease)
 
     @staticmethod
-    def _try(outcome: str, started: float, error: str, e: Endpoint) -> Attempt:
-        return Attempt(0, outcome, time.monotonic() - started, error=error, endpoint=e.url, spent=False)
+    def _try(outcome: str, started: float, error: str, e: Endpoint, prompt_tokens: int = 0) -> Attempt:
+        return Attempt(
+            0,
+            outcome,
+            time.monotonic() - started,
+            prompt_tokens,
+            error=error,
+            endpoint=e.url,
+            spent=False,
+            estimated=prompt_tokens > 0,
+        )
 
     async def _exchange(self, lease: Lease, prompt: Prompt, plan: AttemptPlan) -> Completion:
         """Send to the leased endpoint, resending at once when its 400 says how to fix
@@ -252,6 +265,12 @@ class OpenAIJudge(Judge):
                 raise FatalJudgeError(f"bad request: {exc}") from exc
             except FatalJudgeError:
                 self.fleet.answered(lease, None)
+                raise
+            except NoAnswer as exc:
+                if exc.outcome == "timeout":
+                    # The server had the whole prompt when the call was cut off: its tokens
+                    # are spent though no usage came back. Counted at the most it can be.
+                    exc.prompt_tokens = ratio.most(chars)
                 raise
             self.fleet.answered(lease, time.monotonic() - started, read_headers(headers, 200))
             completion = completion_of(raw, config.url, max_tokens, context, max_tokens < wanted)

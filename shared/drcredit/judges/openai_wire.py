@@ -92,11 +92,16 @@ RETRY_NOTE = (
 
 
 class NoAnswer(Exception):
-    """The endpoint gave no answer: refused or dropped connection, timeout, 5xx."""
+    """The endpoint gave no answer: refused or dropped connection, timeout, 5xx.
+
+    ``prompt_tokens``: after a timeout, the estimate of the prompt tokens the server
+    took in (it had the request; no usage came back to say how many).
+    """
 
     def __init__(self, outcome: str, message: str):
         super().__init__(message)
         self.outcome = outcome
+        self.prompt_tokens = 0
 
 
 class RateLimited(Exception):

@@ -18,6 +18,7 @@ from drcredit import metrics
 from drcredit.domain.advantages import GroupAdvantages, group_advantages
 from drcredit.domain.credit import Judgments, RolloutCredits, group_credits
 from drcredit.domain.group import GroupContent
+from drcredit.domain.usage import JudgePrice
 from drcredit.scoring import documents
 from drcredit.scoring.content import outlined_rollouts, parse_rubrics
 from drcredit.scoring.events import GroupEvents, announce_final
@@ -33,10 +34,12 @@ log = logging.getLogger("drcredit.aggregation")
 class Aggregator:
     """Finishes groups: :meth:`run` when every unit is done, :meth:`fail` on a fatal failure."""
 
-    def __init__(self, db: Database, rollouts: RolloutCache, events: GroupEvents):
+    def __init__(self, db: Database, rollouts: RolloutCache, events: GroupEvents, price: JudgePrice | None = None):
         self.db = db
         self.rollouts = rollouts
         self.events = events
+        #: The judge's price when the group is finished: its stored document's ``cost_usd``.
+        self.price = price
 
     def run(self, group_pk: int) -> None:
         """Compute and store credits and advantages once every judgment is in."""
@@ -84,7 +87,7 @@ class Aggregator:
                     "unscorable_turns": st.unscorable_turns,
                 }
                 # The document a long-poll serves, built from the rows just written.
-                document = documents.done_advantages_json(s, group_pk, stats)
+                document = documents.done_advantages_json(s, group_pk, stats, self.price)
                 # Stamped last, just before the commit: finished_at is when the group's
                 # results became visible (what a long-poll's latency is measured from).
                 stamp = utcnow()

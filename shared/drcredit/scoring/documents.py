@@ -1,4 +1,8 @@
-"""The JSON documents the API and CLI return: status, advantages, credits breakdown."""
+"""The JSON documents the API and CLI return: a group's status and its advantages.
+
+The credits breakdown is :mod:`drcredit.scoring.breakdown`. Both carry the judge's usage
+(:mod:`drcredit.scoring.usage`), its ``cost_usd`` at the price given (null without one).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ from sqlalchemy import Integer, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from drcredit.domain.group import is_valid_group_id
+from drcredit.domain.usage import JudgePrice, Usage, total
 from drcredit.scoring.errors import NotFound, NotReady
+from drcredit.scoring.usage import group_usage, rollout_usage
 from drcredit.storage import models as m
-from drcredit.storage.histories import support_histories
 
 
 def _with_turns() -> Any:
@@ -88,7 +93,8 @@ def progress_of(s: Session, groups: Sequence[m.Group]) -> dict[int, dict[str, in
     return out
 
 
-def status_document(s: Session, group: m.Group) -> dict[str, Any]:
+def status_document(s: Session, group: m.Group, price: JudgePrice | None = None) -> dict[str, Any]:
+    """Status and progress, with the judge's usage so far."""
     return {
         "group_id": group.group_id,
         "status": group.status,
@@ -97,6 +103,7 @@ def status_document(s: Session, group: m.Group) -> dict[str, Any]:
         "expected_rollouts": group.expected_rollouts,
         "rollouts_received": group.rollouts_received,
         "progress": progress(s, group),
+        "usage": group_usage(s, [group.id])[group.id].document(price),
         "judge": {"backend": group.judge_backend, "model": group.judge_model},
         # Judgments of the group wait for a judge that cannot be reached (docs/method.md, "Judge failures").
         "waiting_for_judge": {"since": _iso(group.judge_waiting_since), "reason": group.judge_waiting_reason}
@@ -122,7 +129,9 @@ def require_status_done(group_id: str, status: str, error: str | None) -> None:
         raise NotReady(status, message)
 
 
-def advantages_documents(s: Session, tenant: str, group_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def advantages_documents(
+    s: Session, tenant: str, group_ids: Sequence[str], price: JudgePrice | None = None
+) -> dict[str, dict[str, Any]]:
     """The advantages documents of many done groups, read together (a batch's answer):
     one statement per table instead of a handful per group."""
     if not group_ids:
@@ -132,17 +141,22 @@ def advantages_documents(s: Session, tenant: str, group_ids: Sequence[str]) -> d
             select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id.in_(group_ids)).options(_with_turns())
         )
     )
+    for g in groups:
+        require_done(g)
     counts = progress_of(s, groups)
-    return {g.group_id: advantages_document(s, g, counts[g.id]) for g in groups}
+    usage = rollout_usage(s, [g.id for g in groups])
+    return {g.group_id: _advantages(g, g.status, g.stats or {}, counts[g.id], usage[g.id], price) for g in groups}
 
 
-def advantages_document(s: Session, group: m.Group, counts: dict[str, int] | None = None) -> dict[str, Any]:
-    """The advantages document (docs/api.md) for a done group, with its judgment counts."""
+def advantages_document(s: Session, group: m.Group, price: JudgePrice | None = None) -> dict[str, Any]:
+    """The advantages document (docs/api.md) for a done group, with its judgment counts
+    and the judge's usage."""
     require_done(group)
-    return _advantages(group, group.status, group.stats or {}, counts if counts is not None else progress(s, group))
+    usage = rollout_usage(s, [group.id])[group.id]
+    return _advantages(group, group.status, group.stats or {}, progress(s, group), usage, price)
 
 
-def done_advantages_json(s: Session, group_pk: int, stats: dict[str, Any]) -> str:
+def done_advantages_json(s: Session, group_pk: int, stats: dict[str, Any], price: JudgePrice | None = None) -> str:
     """The advantages document of a group being finished with ``stats``, as JSON text.
 
     Aggregation stores it with the results, in the transaction that makes the group
@@ -154,10 +168,18 @@ def done_advantages_json(s: Session, group_pk: int, stats: dict[str, Any]) -> st
         select(m.Group).where(m.Group.id == group_pk).options(_with_turns()).execution_options(populate_existing=True)
     )
     group = s.scalars(query).one()
-    return orjson.dumps(_advantages(group, "done", stats, progress(s, group))).decode()
+    usage = rollout_usage(s, [group_pk])[group_pk]
+    return orjson.dumps(_advantages(group, "done", stats, progress(s, group), usage, price)).decode()
 
 
-def _advantages(group: m.Group, status: str, stats: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
+def _advantages(
+    group: m.Group,
+    status: str,
+    stats: dict[str, Any],
+    counts: dict[str, int],
+    usage: dict[str, Usage],
+    price: JudgePrice | None,
+) -> dict[str, Any]:
     rollouts = []
     for r in group.rollouts:
         turns = []
@@ -181,6 +203,7 @@ def _advantages(group: m.Group, status: str, stats: dict[str, Any], counts: dict
                 "outcome_advantage": r.outcome_advantage,
                 # outcome_source judge: the reward depends on a failed rubric judgment.
                 "outcome_unscorable": bool((r.outcome or {}).get("unscorable", False)),
+                "usage": usage.get(r.rollout_id, Usage()).document(price),
                 "turns": turns,
             }
         )
@@ -190,6 +213,8 @@ def _advantages(group: m.Group, status: str, stats: dict[str, Any], counts: dict
         "params": group.params,
         "stats": {k: stats.get(k) for k in ("mu_rg", "sigma_rg", "mu_o", "sigma_o")},
         "progress": {**counts, "unscorable_turns": int(stats.get("unscorable_turns", 0))},
+        # Every judgment belongs to a rollout: the group's usage is the sum of theirs.
+        "usage": total(usage.values()).document(price),
         "metadata": group.metadata_,
         "rollouts": rollouts,
     }
@@ -211,101 +236,19 @@ def final_states(s: Session, tenant: str, group_ids: Sequence[str]) -> list[Any]
     return [rows[g] for g in group_ids if g in rows]
 
 
-def final_advantages(s: Session, tenant: str, rows: Sequence[Any]) -> list[orjson.Fragment]:
+def final_advantages(
+    s: Session, tenant: str, rows: Sequence[Any], price: JudgePrice | None = None
+) -> list[orjson.Fragment]:
     """The advantages documents of done groups as JSON, from :func:`final_states` rows.
 
-    A group done before documents were stored with the results (revision 0007) has its
-    document built from its rows.
+    A group done before documents were stored with their usage (revision 0008 drops the
+    older ones) has its document built from its rows (its cost at ``price``).
     """
     missing = [r.group_id for r in rows if r.advantages_json is None]
-    built = advantages_documents(s, tenant, missing)
+    built = advantages_documents(s, tenant, missing, price)
     return [
         orjson.Fragment(r.advantages_json)
         if r.advantages_json is not None
         else orjson.Fragment(orjson.dumps(built[r.group_id]))
         for r in rows
     ]
-
-
-def credits_document(s: Session, group: m.Group) -> dict[str, Any]:
-    """Per turn: the credit parts, every judgment, and each rubric's support history.
-
-    A failed group has one too, without credits: what was judged, and why it failed.
-    """
-    if group.status != "failed":
-        require_done(group)
-    judgments = s.scalars(
-        select(m.Judgment)
-        .where(m.Judgment.group_pk == group.id)
-        .order_by(m.Judgment.rollout_id, m.Judgment.turn_index, m.Judgment.rubric_id)
-    ).all()
-    by_turn: dict[tuple[str, int], list[m.Judgment]] = {}
-    for j in judgments:
-        by_turn.setdefault((j.rollout_id, j.turn_index), []).append(j)
-    histories: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for (_, rollout_id, rubric_id), points in sorted(support_histories(s, [group.id]).items()):
-        histories.setdefault(rollout_id, {})[rubric_id] = [{"turn_index": t, "text": text} for t, text in points]
-    rollouts = []
-    for r in group.rollouts:
-        turns = []
-        for t in r.turns:
-            entry: dict[str, Any] = {
-                "index": t.index,
-                "type": t.type,
-                "credit": None if t.type == "answer" else t.credit,
-                "unscorable": bool(t.unscorable),
-            }
-            if t.type == "visit":
-                entry.update(visit_credit=t.visit_credit, visit_credit_uncapped=t.visit_credit_uncapped)
-            if t.type == "search":
-                entry.update(
-                    navigation_credit=t.navigation_credit,
-                    snippet_credit=t.snippet_credit,
-                    snippet_matches=t.snippet_matches,
-                )
-            entry["judgments"] = [_judgment(j) for j in by_turn.get((r.rollout_id, t.index), [])]
-            turns.append(entry)
-        entry = {"id": r.rollout_id, "turns": turns, "support_histories": histories.get(r.rollout_id, {})}
-        if r.outcome is not None:  # outcome_source judge: the reward's breakdown (docs/method.md, "Outcome reward")
-            entry["outcome"] = r.outcome
-        rollouts.append(entry)
-    return {
-        "group_id": group.group_id,
-        "status": group.status,
-        "error": group.error,
-        "params": group.params,
-        "rubrics": [
-            {"id": r["id"], "type": r.get("type"), "weight": r.get("weight"), "description": r.get("description")}
-            for r in group.rubrics
-        ],
-        "rollouts": rollouts,
-    }
-
-
-def _judgment(j: m.Judgment) -> dict[str, Any]:
-    out: dict[str, Any] = {"kind": j.kind, "status": j.status}
-    if j.kind in ("rubric", "citation"):
-        out.update(key=j.rubric_id, score=j.level)
-    elif j.kind == "visit":
-        out.update(
-            rubric_id=j.rubric_id,
-            level=j.level,
-            page_ids=j.page_ids or [],
-            support_points=j.support_points or [],
-            prior_support_points=j.prior_support,
-        )
-    else:
-        out.update(match_count=j.match_count, matches=j.matches or [], rejected_matches=j.rejected_matches or [])
-    out.update(
-        rationale=j.rationale,
-        failure_reason=j.failure_reason,
-        cache_hit=j.cache_hit,
-        model=j.model,
-        latency_s=j.latency_s,
-        prompt_tokens=j.prompt_tokens,
-        completion_tokens=j.completion_tokens,
-        # Every exchange as recorded (judges/attempts.py: outcome, latency, tokens, the
-        # endpoint and model, whether it was spent against the judgment's attempts).
-        attempts=[dict(a) for a in j.attempts or ()],
-    )
-    return out

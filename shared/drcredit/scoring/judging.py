@@ -22,6 +22,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 
 from drcredit import metrics
+from drcredit.domain.usage import JudgePrice, Usage
 from drcredit.domain.verdicts import RejectedMatch, ScoreVerdict, SnippetMatch, SnippetVerdict, VisitVerdict
 from drcredit.judges.base import JudgeResult
 from drcredit.scoring.engine import Engine
@@ -51,8 +52,11 @@ class JudgeCalls:
         claims: bool,
         worker_id: str,
         lease_s: float,
+        price: JudgePrice | None = None,
     ):
         self.db = db
+        #: What the judge's tokens cost, for the cost metric (None: no price set).
+        self.price = price
         self.engine = engine
         self.outages = outages
         self.stopping = stopping
@@ -73,7 +77,7 @@ class JudgeCalls:
         """
         with self.outages.judging(group_pk):
             result = await call()
-        observe(result)
+        observe(result, self.price)
         if result.status == "ok" and result.attempts:
             self.engine.start_order.observe_latency(result.attempts[-1].latency_s)
         else:
@@ -218,16 +222,31 @@ def result_from_row(row: m.Judgment) -> JudgeResult[Any]:
             tuple(SnippetMatch(**x) for x in row.matches or ()),
             tuple(RejectedMatch(x["index"], x["match"], x["reason"]) for x in row.rejected_matches or ()),
         )
-    return JudgeResult(row.kind, "ok", row.model or "", row.backend or "", verdict, row.answer)  # type: ignore[arg-type]
+    return JudgeResult(
+        row.kind,  # type: ignore[arg-type]
+        "ok",
+        row.model or "",
+        row.backend or "",
+        verdict,
+        row.answer,
+        reused_from=(row.endpoint, row.served_model),
+    )
 
 
-def observe(result: JudgeResult[Any]) -> None:
+def observe(result: JudgeResult[Any], price: JudgePrice | None = None) -> None:
+    usage = Usage(
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        cached_prompt_tokens=result.cached_tokens,
+    )
     metrics.observe_judgment(
         result.backend,
         result.kind,
         result.status,
         result.latency_s,
-        result.prompt_tokens,
-        result.completion_tokens,
+        usage.prompt_tokens,
+        usage.completion_tokens,
         (a.outcome for a in result.attempts),
+        usage.cached_prompt_tokens,
+        usage.cost_usd(price),
     )

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from drcredit.domain.batch import BatchIn
 from drcredit.domain.group import GroupIn, Rollout
 from drcredit.domain.limits import Limits
+from drcredit.domain.usage import JudgePrice
 from drcredit.judges.base import Judge
 from drcredit.scoring import recovery
 from drcredit.scoring.aggregation import Aggregator
@@ -68,6 +69,7 @@ class Pipeline:
         store_patience_s: float = 600.0,
         limits: Limits | None = None,
         rollout_cache_bytes: int = DEFAULT_CONTENT_BUDGET,
+        judge_price: JudgePrice | None = None,
     ):
         self.db = db
         self.judge = judge
@@ -94,9 +96,16 @@ class Pipeline:
             linger_s=write_linger_s,
         )
         self.judging = JudgeCalls(
-            db, self.engine, self.outages, self._stopping, claims=claims, worker_id=self.worker_id, lease_s=lease_s
+            db,
+            self.engine,
+            self.outages,
+            self._stopping,
+            claims=claims,
+            worker_id=self.worker_id,
+            lease_s=lease_s,
+            price=judge_price,
         )
-        self.aggregator = Aggregator(db, self.rollouts, self.events)
+        self.aggregator = Aggregator(db, self.rollouts, self.events, judge_price)
         self.units = UnitLifecycle(
             UnitContext(
                 judge=judge,

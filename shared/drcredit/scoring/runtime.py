@@ -66,6 +66,7 @@ class Runtime:
             judge_concurrency=settings.judge_concurrency,
             db_threads=db_threads,
             rollout_cache_bytes=settings.rollout_cache_mb << 20,
+            judge_price=settings.judge_price,
         )
         audits = AuditJudges(settings, judge)
         pipeline.engine.on_close(audits.aclose)

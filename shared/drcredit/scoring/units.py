@@ -75,6 +75,9 @@ def judgment_values(
     result: JudgeResult[Any],
     cached: bool,
 ) -> dict[str, Any]:
+    """A judgment's column values. A reused answer (``cached``) made no call: no tokens,
+    no attempts, but the endpoint and model that gave the answer."""
+    endpoint, served_model = result.answered_by
     return {
         "group_pk": group_pk,
         "kind": kind,
@@ -87,10 +90,14 @@ def judgment_values(
         "cache_hit": cached,
         "backend": result.backend,
         "model": result.model,
+        "served_model": served_model,
+        "endpoint": endpoint,
         "failure_reason": result.failure_reason,
         "latency_s": 0.0 if cached else result.latency_s,
         "prompt_tokens": 0 if cached else result.prompt_tokens,
         "completion_tokens": 0 if cached else result.completion_tokens,
+        "cached_prompt_tokens": 0 if cached else result.cached_tokens,
+        "estimated_prompt_tokens": 0 if cached else result.estimated_prompt_tokens,
         "attempt_count": 0 if cached else len(result.attempts),
         # A cache hit made no attempt of its own.
         "attempts": [] if cached else [vars(a) for a in result.attempts],

@@ -27,6 +27,15 @@ from drcredit.storage.database import dump_json, postgres_driver
 #: The columns that identify a judgment (its unique constraint).
 JUDGMENT_KEY = ("group_pk", "kind", "rollout_id", "turn_index", "rubric_id")
 JUDGMENT_COLUMNS = tuple(c.name for c in m.Judgment.__table__.columns if c.name != "id")
+#: Scalar defaults of the model, for values a row leaves out (a statement that names a
+#: column inserts what it is given, NULL included, not the column's default).
+_JUDGMENT_DEFAULTS = {
+    c.name: c.default.arg for c in m.Judgment.__table__.columns if c.default is not None and c.default.is_scalar
+}
+
+
+def _column_values(row: JudgmentRow) -> dict[str, Any]:
+    return {c: row.values.get(c, _JUDGMENT_DEFAULTS.get(c)) for c in JUDGMENT_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -178,7 +187,7 @@ RETURNING work_units.id
 
 
 def _store_postgres(pg: psycopg.Connection[Any], rows: Sequence[JudgmentRow]) -> set[int]:
-    payload = [{**{c: row.values.get(c) for c in JUDGMENT_COLUMNS}, "n": n} for n, row in enumerate(rows)]
+    payload = [{**_column_values(row), "n": n} for n, row in enumerate(rows)]
     return {n for (n,) in pg.execute(_PG_STORE, {"rows": dump_json(payload)})}
 
 
@@ -192,7 +201,5 @@ def _store_portable(s: Session, rows: Sequence[JudgmentRow]) -> set[int]:
         .on_conflict_do_nothing(index_elements=list(JUDGMENT_KEY))
         .returning(*(table.c[c] for c in JUDGMENT_KEY))
     )
-    inserted = {
-        tuple(r) for r in s.execute(statement, [{c: row.values.get(c) for c in JUDGMENT_COLUMNS} for row in rows])
-    }
+    inserted = {tuple(r) for r in s.execute(statement, [_column_values(row) for row in rows])}
     return {n for n, row in enumerate(rows) if row.key in inserted}

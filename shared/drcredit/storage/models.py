@@ -219,13 +219,23 @@ class Judgment(Base):
     request_key: Mapped[str | None] = mapped_column(String(64))
     cache_hit: Mapped[bool] = mapped_column(Boolean, default=False)
     backend: Mapped[str | None] = mapped_column(String(32))
+    #: The model the platform asked for (its setting); ``served_model``: the one the
+    #: server said answered, and ``endpoint`` the endpoint it answered from (of a reused
+    #: answer: the call that gave it; of a failed judgment: its last attempt).
     model: Mapped[str | None] = mapped_column(String(256))
+    served_model: Mapped[str | None] = mapped_column(String(256))
+    endpoint: Mapped[str | None] = mapped_column(String(512))
     latency_s: Mapped[float | None] = mapped_column(Float)
+    #: Tokens of every attempt (0 for a reused answer: it made no call). The cached part
+    #: of the prompt tokens (the server's prefix cache), and the part the platform
+    #: estimated for calls cut off before any usage came back.
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    estimated_prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
-    #: Every attempt of the judge call, in order: number, outcome, error, latency_s,
-    #: prompt_tokens, completion_tokens (empty when no call was made).
+    #: Every attempt of the judge call, in order (drcredit.judges.attempts.Attempt: number,
+    #: outcome, error, latency_s, tokens, endpoint, model, ...; empty when no call was made).
     attempts: Mapped[list[Any] | None] = mapped_column(JSON)
     failure_reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -70,6 +70,18 @@
 
   function pct(x) { return x === null || x === undefined ? "–" : (100 * x).toFixed(1) + "%"; }
 
+  /* A count of tokens or calls, with thousands separators (a mean keeps one decimal). */
+  function count(x) {
+    if (x === null || x === undefined) return "–";
+    return Number(x).toLocaleString("en-US", { maximumFractionDigits: Number.isInteger(x) ? 0 : 1 });
+  }
+
+  /* Dollars: cents from $1 up, four significant digits below (a judgment costs fractions of a cent). */
+  function usd(x) {
+    if (x === null || x === undefined) return "–";
+    return "$" + (x >= 1 ? Number(x).toFixed(2) : Number(Number(x).toPrecision(4)).toString());
+  }
+
   /* "1 step", "2 steps": the count and its noun, singular only for exactly one. */
   function plural(n, one, many) { return n + " " + (n === 1 ? one : many || one + "s"); }
 
@@ -86,6 +98,7 @@
   window.DrCredit = {
     DATA: DATA, base: body.dataset.base || "/ui", enc: encodeURIComponent, pages: {},
     Problem: Problem, load: load, showProblem: showProblem, el: el, fmt: fmt, pct: pct, plural: plural,
+    count: count, usd: usd,
   };
   // Every script of the page has run by then, inline (report) or by URL (served).
   document.addEventListener("DOMContentLoaded", start);

@@ -5,7 +5,7 @@
 (function () {
   "use strict";
   const D = window.DrCredit;
-  const { el, fmt, num, verbatim } = D;
+  const { el, fmt, num, verbatim, count, usd } = D;
 
   const COMPONENTS = ["rubric", "format", "search", "cite", "length"];
 
@@ -64,8 +64,39 @@
       for (const m of j.rejected_matches) items.push(el("li", { class: "muted" }, ["rejected: ", verbatim(m.reason)]));
     }
     if (j.rationale) items.push(el("li", { class: "muted" }, ["rationale: ", verbatim(j.rationale)]));
+    if (j.status === "ok" || j.status === "failed") items.push(spent(j));
     if (j.failure_reason) items.push(el("li", { class: "failed" }, ["failed: ", verbatim(j.failure_reason)]));
     return el("div", { class: "judgment", "data-kind": j.kind }, [el("h3", {}, head), el("ul", {}, items)]);
+  }
+
+  /* Who answered a judgment and what it took: its attempts' tokens (none for a reused answer). */
+  function spent(j) {
+    const parts = [];
+    if (j.served_model || j.endpoint) {
+      parts.push(D.explain(el("span", { text: "answered by " }), "answered_by"), verbatim(j.served_model || j.model || "?"));
+      if (j.endpoint) parts.push(" at ", verbatim(j.endpoint));
+      parts.push(" · ");
+    }
+    if (j.cache_hit) {
+      parts.push(num("judge_requests", "no request of its own"));
+    } else {
+      parts.push(num("judge_requests", D.plural(j.attempts.length, "request")), " · ",
+        num("prompt_tokens", count(j.prompt_tokens) + " prompt tokens"), " (",
+        num("cached_tokens", count(j.cached_prompt_tokens || 0) + " cached"),
+        ...(j.estimated_prompt_tokens ? [", ", num("prompt_tokens", count(j.estimated_prompt_tokens) + " estimated")] : []),
+        ") · ",
+        num("completion_tokens", count(j.completion_tokens) + " completion tokens"));
+    }
+    return el("li", { class: "muted", "data-usage": "" }, parts);
+  }
+
+  /* A usage object (docs/api.md): requests, tokens and cost, each explained. */
+  function usage(u) {
+    return [num("judge_requests", D.plural(u.calls, "request")), " · ",
+      num("prompt_tokens", count(u.prompt_tokens) + " prompt tokens"), " (",
+      num("cached_tokens", count(u.cached_prompt_tokens) + " cached"), ") · ",
+      num("completion_tokens", count(u.completion_tokens) + " completion tokens"), " · ",
+      num("cost", "cost " + usd(u.cost_usd), { "data-value": u.cost_usd === null ? "" : u.cost_usd })];
   }
 
   // ------------------------------------------------------------------ the outcome cell
@@ -76,6 +107,7 @@
         fact("reward", "outcome reward", fmt(ra.outcome_reward, 4)),
         fact("outcome_advantage", "outcome advantage A_o", fmt(ra.outcome_advantage, 4)),
       ])];
+    if (ra.usage) out.push(el("p", { class: "muted", "data-rollout-usage": "" }, ["Judge usage of this rollout: ", ...usage(ra.usage)]));
     const o = rc.outcome;
     if (!o) {
       out.push(el("p", { class: "muted", text: "The trainer's own reward (outcome_source given): the service did " +
@@ -183,5 +215,5 @@
     return [D.explain(el("h3", { text: "Claims (" + list.length + ")" }), "claim_score"), el("ol", { class: "claims" }, items)];
   }
 
-  Object.assign(D, { details: { turn: turn, outcome: outcome } });
+  Object.assign(D, { details: { turn: turn, outcome: outcome, usage: usage } });
 })();

@@ -14,7 +14,8 @@
     "credit", "visit_credit", "navigation_credit", "snippet_credit", "snippet_matches", "support_track", "judgments",
     "level", "prior_support", "judge_calls", "judgments_failed", "unscorable", "component_rubric", "component_format",
     "component_search", "component_cite", "component_length", "weight", "contribution", "r_id", "r_semantic",
-    "rubric_score", "rubric_weight", "claim_joint", "claim_pages", "claim_score", "budget", "cumulative", "rate"];
+    "rubric_score", "rubric_weight", "claim_joint", "claim_pages", "claim_score", "budget", "cumulative", "rate",
+    "judge_requests", "prompt_tokens", "cached_tokens", "completion_tokens", "cost", "answered_by"];
 
   function rgb(hex) { return [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)); }
 
@@ -40,6 +41,9 @@
       num("judge_calls", D.plural(p.judge_calls || 0, "judge call")), ", ",
       num("judgments_failed", (p.judgments_failed || 0) + " failed"), ", ",
       num("unscorable", D.plural(p.unscorable_turns || 0, "unscorable turn")));
+    if (adv.usage) {
+      document.getElementById("group-usage").replaceChildren("Judge usage: ", ...D.details.usage(adv.usage));
+    }
   }
 
   async function groupPage() {

@@ -4,10 +4,12 @@
 (function () {
   "use strict";
   const D = window.DrCredit;
-  const { el, fmt, pct, num, enc } = D;
+  const { el, fmt, pct, num, enc, count, usd } = D;
   const C = () => D.charts;
   const TERMS = ["step", "run_groups", "groups_done", "trajectories", "process_calls", "outcome_calls", "judgments_failed", "unscorable",
     "latency", "mean_credit", "zero_credit", "advantage_bins", "process_advantage", "budget", "cumulative", "rate",
+    "work_steps", "work_trajectories", "process_tasks", "outcome_tasks", "work_latency", "prompt_tokens", "cached_tokens",
+    "completion_tokens", "tokens_per_trajectory", "cost_per_trajectory", "run_cost", "cost",
     "w1", "rmse", "process_sign", "fused_sign", "bound"];
 
   async function runPage() {
@@ -19,11 +21,30 @@
     document.getElementById("run-summary").replaceChildren(num("step", D.plural(steps.length, "step")), " · ",
       num("run_groups", D.plural(groups, "group")), " · ",
       num("trajectories", D.plural(trajectories, "trajectory", "trajectories") + " scored"));
+    workload(run.workload);
     charts(steps);
     curves(steps);
     table(steps);
     D.glossary(TERMS);
     await sensitivity(steps);
+  }
+
+  /* The run's scoring workload row (absent from documents made before it existed). */
+  function workload(w) {
+    const tbody = document.querySelector("#workload tbody");
+    if (!w) {
+      tbody.append(el("tr", {}, [el("td", { colspan: 10, text: "not in this document" })]));
+      return;
+    }
+    const u = w.usage_per_trajectory || {};
+    tbody.append(el("tr", {}, [
+      cell("work_steps", w.steps), cell("work_trajectories", w.trajectories),
+      cell("process_tasks", fmt(w.process_judge_tasks_per_trajectory)),
+      cell("outcome_tasks", fmt(w.outcome_judge_tasks_per_trajectory)),
+      cell("work_latency", fmt(w.scoring_latency_per_trajectory_s)), cell("prompt_tokens", count(u.prompt_tokens)),
+      cell("cached_tokens", count(u.cached_prompt_tokens)), cell("completion_tokens", count(u.completion_tokens)),
+      cell("cost_per_trajectory", usd(u.cost_usd)), cell("run_cost", usd(w.usage.cost_usd)),
+    ]));
   }
 
   function charts(steps) {
@@ -35,6 +56,15 @@
       line(steps.map((s) => s.judge_calls.process_per_trajectory), "process"),
       line(steps.map((s) => s.judge_calls.outcome_per_trajectory), "outcome"),
     ], { xaxis: axis, yaxis: C().axis("calls / trajectory", { rangemode: "tozero" }) });
+    const per = (k) => steps.map((s) => (s.usage_per_trajectory ? s.usage_per_trajectory[k] : null));
+    const cost = per("cost_usd");
+    const tokens = [line(per("prompt_tokens"), "prompt"), line(per("cached_prompt_tokens"), "cached prompt"),
+      line(per("completion_tokens"), "completion")];
+    const priced = cost.some((c) => c !== null);
+    if (priced) tokens.push(line(cost, "cost (USD)", { yaxis: "y2", line: { dash: "dot" } }));
+    C().plot("chart-tokens", tokens, Object.assign({ xaxis: axis, yaxis: C().axis("tokens / trajectory", { rangemode: "tozero" }) },
+      priced ? { yaxis2: C().axis("USD / trajectory", { overlaying: "y", side: "right", rangemode: "tozero", showgrid: false,
+        tickprefix: "$", exponentformat: "none" }) } : {}));
     const lat = (k) => steps.map((s) => (s.latency_per_trajectory_s ? s.latency_per_trajectory_s[k] : null));
     C().plot("chart-latency", [line(lat("p50"), "p50"), line(lat("p90"), "p90"), line(lat("max"), "max")],
       { xaxis: axis, yaxis: C().axis("seconds", { rangemode: "tozero" }) });
@@ -94,7 +124,11 @@
         cell("outcome_calls", fmt(s.judge_calls.outcome_per_trajectory)), cell("judgments_failed", s.failed_judgments),
         cell("unscorable", s.unscorable_turns),
         cell("latency", s.latency_per_trajectory_s ? fmt(s.latency_per_trajectory_s.p50) : "–"),
-        cell("mean_credit", fmt(s.mean_credit, 3)), cell("zero_credit", pct(s.zero_credit_share)), links,
+        cell("mean_credit", fmt(s.mean_credit, 3)), cell("zero_credit", pct(s.zero_credit_share)),
+        cell("tokens_per_trajectory", s.usage_per_trajectory
+          ? count(s.usage_per_trajectory.prompt_tokens + s.usage_per_trajectory.completion_tokens) : "–"),
+        cell("cost_per_trajectory", usd(s.usage_per_trajectory ? s.usage_per_trajectory.cost_usd : null)),
+        cell("run_cost", usd(s.usage ? s.usage.cost_usd : null)), links,
       ]));
     }
   }
