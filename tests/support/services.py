@@ -180,23 +180,18 @@ class Workers:
         self.logdir = logdir
         self.processes: list[subprocess.Popen[bytes]] = []
         self.restarts = 0
-        self._specs: dict[int, tuple[str, int]] = {}
+        self._specs: dict[int, tuple[str, int | None]] = {}
         self._stopping = threading.Event()
         if supervise:
             threading.Thread(target=self._supervise, daemon=True).start()
 
-    def start(self, queues: str, concurrency: int = 4, *, wait: bool = True) -> subprocess.Popen[bytes]:
+    def start(self, queues: str, concurrency: int | None = 4, *, wait: bool = True) -> subprocess.Popen[bytes]:
+        """``concurrency`` None: the worker's defaults (its services' threads, and
+        DRCREDIT_JUDGE_CONCURRENCY judge calls)."""
         log = open(self.logdir / f"worker-{queues}-{len(self.processes)}.log", "wb")  # noqa: SIM115
-        cli = [
-            sys.executable,
-            "-m",
-            "drcredit_cli.main",
-            "worker",
-            "--queues",
-            queues,
-            "--concurrency",
-            str(concurrency),
-        ]
+        cli = [sys.executable, "-m", "drcredit_cli.main", "worker", "--queues", queues]
+        if concurrency is not None:
+            cli += ["--concurrency", str(concurrency)]
         process = subprocess.Popen(cli, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.processes.append(process)
         self._specs[process.pid] = (queues, concurrency)
