@@ -16,6 +16,9 @@ Redis, against simulated judges (:mod:`bench.judge_sim`) that answer in ``--late
 - ``replicas``: two servers in ``DRCREDIT_JUDGE_BASE_URL``; one is killed (SIGKILL) when a
   third of the step's answers are in, and started again after the run.
 - ``slow``: two servers, the second answering ``--slow-factor`` times slower.
+- ``audit``: one server for training and one for an audit judge; every other run starts an
+  audit of ``--audit-sample`` groups of the previous run right before posting the step,
+  so the runs with an audit beside them compare with those without.
 
 Every run reports its wall time against its bound, the 429 answers per call served, each
 endpoint's share of the calls, the judgments that failed, and the largest difference of
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import threading
 import time
@@ -40,7 +44,7 @@ from bench.paths import critical_path_calls
 from bench.platform import REDIS, Proc, Stack, free_port, fresh_database, plain_env, start_judge, start_plain
 from bench.repeat import one_run, renamed, summary
 
-CONDITIONS = ("backlog", "rate", "rate-headers", "replicas", "slow")
+CONDITIONS = ("backlog", "rate", "rate-headers", "replicas", "slow", "audit")
 
 
 def judge_flags(condition: str, args: argparse.Namespace) -> list[list[str]]:
@@ -55,6 +59,8 @@ def judge_flags(condition: str, args: argparse.Namespace) -> list[list[str]]:
         return [[], []]
     if condition == "slow":
         return [[], ["--latency", str(args.latency * args.slow_factor)]]
+    if condition == "audit":
+        return [[], []]
     raise ValueError(f"unknown judge condition {condition!r} (known: {', '.join(CONDITIONS)})")
 
 
@@ -142,9 +148,14 @@ def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[st
                 judges.append(start_judge(stack, args.latency, args.sigma, extra, port))
                 judge_procs.append(stack.procs[-1])
             redis.Redis.from_url(REDIS).flushdb()
+            training = judges[:1] if condition == "audit" else judges
             with fresh_database() as db:
                 env = plain_env(judges[0], db, REDIS)
-                env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in judges)
+                env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in training)
+                if condition == "audit":
+                    env["DRCREDIT_AUDIT_JUDGES"] = json.dumps(
+                        {"second": {"base_url": f"{judges[1]}/v1", "model": "sim"}}
+                    )
                 api, procs = start_plain(stack, env, args.plain_workers)
                 for k in range(args.repeat):
                     if condition == "replicas" and k and judge_procs[0].popen.poll() is not None:
@@ -158,12 +169,19 @@ def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[st
                         killer = Killer(judge_procs[0], judges, expected_calls)
                         killer.start()
                     step = renamed(groups, f"r{k}")
+                    audit = None
+                    if condition == "audit" and k % 2 == 1:
+                        audit = start_audit(api, renamed(groups, f"r{k - 1}"), args.audit_sample, k)
                     run = one_run(api, step, db)
                     if killer is not None:
                         killer.stop.set()
                         killer.join()
-                    served = stats(judges)
+                    served = stats(training)
                     runs.append(measure(condition, args, step, run, served, reference, f"r{k}", killer))
+                    if condition == "audit":
+                        runs[-1]["audit_beside"] = audit is not None
+                        if audit is not None:
+                            runs[-1].update(finish_audit(api, audit))
                     if condition == "backlog":
                         runs[-1].update(baseline(judges[0], step, args))
                     print(run_line(k, args.repeat, runs[-1]), flush=True)
@@ -208,6 +226,30 @@ def measure(
     return out
 
 
+def start_audit(api: str, previous: list[dict[str, Any]], sample: int, seed: int) -> tuple[str, float]:
+    """Start an audit of ``sample`` groups of the previous step; (its id, when)."""
+    body = {"judge": "second", "scope": {"group_ids": [g["group_id"] for g in previous]}, "sample_groups": sample}
+    r = httpx.post(f"{api}/v1/audits", json=body | {"seed": seed}, timeout=60)
+    r.raise_for_status()
+    return r.json()["audit_id"], time.perf_counter()
+
+
+def finish_audit(api: str, audit: tuple[str, float]) -> dict[str, Any]:
+    """Wait for the audit started beside a step; how long it took and what it called."""
+    audit_id, started = audit
+    with httpx.Client(timeout=600) as client:
+        while True:
+            r = client.get(f"{api}/v1/audits/{audit_id}", params={"wait": 60})
+            if r.status_code == 200 or "failed" in r.json().get("message", ""):
+                break
+    doc = r.json()
+    return {
+        "audit_s": time.perf_counter() - started,
+        "audit_status": doc.get("status", "failed"),
+        "audit_calls": (doc.get("usage") or {}).get("calls"),
+    }
+
+
 def baseline(judge: str, step: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     """The in-trainer asyncio scorer on the same server, right after the platform's run."""
     reset([judge])
@@ -229,6 +271,12 @@ def run_line(k: int, repeat: int, run: dict[str, Any]) -> str:
     )
     if "baseline_s" in run:
         line += f"; in-trainer scorer {run['baseline_s']:.2f} s ({run['wall_s'] / run['baseline_s']:.2f}x)"
+    if "audit_beside" in run:
+        line += "; audit beside: " + (
+            f"{run['audit_calls']} calls in {run['audit_s']:.1f} s ({run['audit_status']})"
+            if run["audit_beside"]
+            else "none"
+        )
     if "shares_before_kill" in run:
         line += " ; before the kill " + "/".join(f"{100 * s:.0f}%" for s in run["shares_before_kill"])
     return line
@@ -244,6 +292,11 @@ def summarize(condition: str, runs: list[dict[str, Any]], expected_calls: int) -
         "failed_judgments": sum(r["failed_judgments"] for r in runs),
         "max_abs_diff_vs_reference": max(r["max_abs_diff_vs_reference"] for r in runs),
     }
+    beside = [r["ratio_to_bound"] for r in runs if r.get("audit_beside")]
+    alone = [r["ratio_to_bound"] for r in runs if r.get("audit_beside") is False]
+    if beside and alone:
+        out["ratio_to_bound_with_audit"] = summary(beside)
+        out["ratio_to_bound_without_audit"] = summary(alone)
     versus = [r["wall_s"] / r["baseline_s"] for r in runs if "baseline_s" in r]
     if versus:
         out["ratio_to_baseline"] = summary(versus)
@@ -261,6 +314,9 @@ def condition_table(condition: str, rep: dict[str, Any]) -> str:
         line("429s / calls served", rep["rate_limited_per_served"], ""),
         f"  failed judgments {rep['failed_judgments']}; max |diff| from the reference {rep['max_abs_diff_vs_reference']:.1e}",
     ]
+    if "ratio_to_bound_with_audit" in rep:
+        lines.append(line("wall / bound, audit beside", rep["ratio_to_bound_with_audit"]))
+        lines.append(line("wall / bound, no audit", rep["ratio_to_bound_without_audit"]))
     if "ratio_to_baseline" in rep:
         lines.append(line("wall / in-trainer scorer", rep["ratio_to_baseline"]))
         lines.append(f"  faster than the scorer in {rep['faster_than_baseline']} of {len(rep['runs'])} runs")

@@ -668,6 +668,7 @@ def main() -> None:
     )
     parser.add_argument("--judge-rate", type=float, default=150.0, help="judges section: the rate limit (requests/s)")
     parser.add_argument("--slow-factor", type=float, default=3.0, help="judges section: the slow replica's latency x")
+    parser.add_argument("--audit-sample", type=int, default=8, help="judges section, audit: groups an audit re-scores")
     parser.add_argument(
         "--repeat",
         type=int,
