@@ -9,6 +9,7 @@ answers is known in advance and the report's figures are worked out by hand belo
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -212,3 +213,20 @@ def test_the_audit_judges_come_from_the_operator_only(database_url: str, marker_
         api_client(database_url, marker_judge.url, audit_judges=bad),
     ):
         pass
+
+
+def test_every_kind_is_compared_on_a_group_whose_outcome_the_service_judges(database_url: str) -> None:
+    """The offline judge audited by itself on the judged example (searches, visits,
+    rubrics, citations): every kind has pairs, all of them equal; the outcome rewards agree."""
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "examples" / "group_judged.json").read_text())
+    with api_client(database_url, None, audit_judges={"again": {"judge": "offline"}}) as client:
+        scored(client, doc)
+        report = audited(client, {"judge": "again", "scope": {"group_ids": [doc["group_id"]]}})
+    for kind in ("visit", "snippet", "report_rubric", "citation"):
+        agreement = report["agreement"][kind]
+        assert agreement["pairs"] > 0 and agreement["exact"] == 1.0, (kind, agreement)
+        assert agreement["kappa"] in (1.0, None)
+    assert report["effect"]["outcome_rmse"] == 0.0 and report["effect"]["w1"] == 0.0
+    assert report["usage"]["calls"] > 0
