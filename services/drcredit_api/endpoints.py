@@ -23,7 +23,7 @@ from drcredit.scoring.outages import endpoint_states
 from drcredit.scoring.replay import replay
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
-from drcredit_api import schemas
+from drcredit_api import queues, schemas
 from drcredit_api.auth import tenant_of
 
 T = TypeVar("T")
@@ -188,9 +188,10 @@ async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
 
 
 @router.get("/v1/groups/{group_id}", response_model=schemas.GroupStatus, responses=READ, tags=["results"])
-async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+async def get_group(request: Request, group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status and judging progress of a group."""
-    return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id)))
+    idle = await run_in_threadpool(queues.idle_queues, request)
+    return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id), idle))
 
 
 def _one_group(tenant: str, group_id: str) -> Any:
@@ -206,15 +207,16 @@ def _one_group(tenant: str, group_id: str) -> Any:
 @router.get(
     "/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=RESULT, tags=["results"]
 )
-async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> Response:
-    """Per-turn advantages once the group is done; ``409`` with its status before that."""
+async def get_advantages(request: Request, group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> Response:
+    """Per-turn advantages once the group is done; ``409`` with its status before that
+    (and, while its work waits on a queue no live worker consumes, which queue)."""
     state = _one_group(tenant, group_id)
 
     def read(s: Any, may_wait: bool) -> Polled[Response]:
         row = state(s)
         if row.status not in FINAL and may_wait:
             return [row.id], None
-        documents.require_status_done(row.group_id, row.status, row.error)
+        queues.require_done(s, row, request)
         return [], _json(documents.final_advantages(s, tenant, [row])[0])
 
     return await _long_poll(rt, wait, read)
@@ -273,15 +275,16 @@ def _batch_status(groups: list[Any]) -> str:
 
 
 @router.get("/v1/batches/{batch_id}", response_model=schemas.BatchStatus, responses=READ, tags=["results"])
-async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+async def get_batch(request: Request, batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status of every group of a batch."""
+    idle = await run_in_threadpool(queues.idle_queues, request)
 
     def run(s: Any) -> dict[str, Any]:
         groups = _batch_groups(s, tenant, batch_id)
         return {
             "batch_id": batch_id,
             "status": _batch_status(groups),
-            "groups": [documents.status_document(s, g) for g in groups],
+            "groups": [documents.status_document(s, g, idle) for g in groups],
         }
 
     return await read_db(rt, run)
@@ -361,6 +364,9 @@ async def readyz(request: Request) -> Response:
         except Exception:  # noqa: BLE001 - the judge's state is informative only
             rows = []
     checks["judge"] = await run_in_threadpool(judge_status, rt, rows)
+    consumers = await run_in_threadpool(queues.readiness, request, rt, checks["database"] == "ok")
+    if consumers is not None:
+        checks["queues"] = consumers
     return JSONResponse(
         status_code=200 if ready else 503, content={"status": "ready" if ready else "not ready", **checks}
     )
@@ -398,8 +404,15 @@ def judge_status(rt: Runtime, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-async def prometheus_metrics(rt: RuntimeDep) -> Response:
-    """Prometheus text format."""
+async def prometheus_metrics(request: Request, rt: RuntimeDep) -> Response:
+    """Prometheus text format: this process's series.
+
+    In distributed mode the pipeline's work is counted where it runs: judge calls,
+    group latency, work units and tasks are series of the workers, each served on its
+    ``DRCREDIT_METRICS_PORT`` (docs/operations.md, "Logs and metrics"). This endpoint
+    adds what the API sees: requests, ingest, groups by status, and each queue's
+    messages, live consumers and groups waiting for a consumer.
+    """
 
     def counts(s: Any) -> dict[str, int]:
         return dict(s.execute(select(m.Group.status, func.count()).group_by(m.Group.status)).all())
@@ -410,4 +423,5 @@ async def prometheus_metrics(rt: RuntimeDep) -> Response:
             metrics.GROUPS_BY_STATUS.labels(status).set(by_status.get(status, 0))
     except Exception:  # noqa: BLE001 - metrics must answer even when the database does not
         pass
+    await run_in_threadpool(queues.update_metrics, request, rt)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
