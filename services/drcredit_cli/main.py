@@ -32,6 +32,7 @@ from drcredit.settings import Settings
 from drcredit_cli.flags import Command, Group
 from drcredit_cli.report import report as report_command
 from drcredit_cli.table import print_advantages
+from drcredit_cli.trial import trial as trial_command
 
 app = typer.Typer(
     help=(
@@ -357,6 +358,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 
 
 app.command("report", cls=Command)(report_command)
+app.command("trial", cls=Command)(trial_command)
 
 
 def main() -> None:
