@@ -191,7 +191,7 @@ async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
 async def get_group(request: Request, group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status and judging progress of a group."""
     idle = await run_in_threadpool(queues.idle_queues, request)
-    return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id), idle))
+    return await read_db(rt, lambda s: queues.status_document(s, documents.find_group(s, tenant, group_id), idle))
 
 
 def _one_group(tenant: str, group_id: str) -> Any:
@@ -284,7 +284,7 @@ async def get_batch(request: Request, batch_id: str, tenant: Tenant, rt: Runtime
         return {
             "batch_id": batch_id,
             "status": _batch_status(groups),
-            "groups": [documents.status_document(s, g, idle) for g in groups],
+            "groups": [queues.status_document(s, g, idle) for g in groups],
         }
 
     return await read_db(rt, run)

@@ -16,9 +16,10 @@ from typing import Any
 from fastapi import Request
 
 from drcredit import metrics
+from drcredit.broker import waits
 from drcredit.broker.queues import ALL_QUEUES
-from drcredit.scoring import consumer_waits, documents
-from drcredit.scoring.consumer_waits import IdleQueues
+from drcredit.broker.waits import IdleQueues
+from drcredit.scoring import documents
 from drcredit.scoring.errors import NotReady
 from drcredit.scoring.runtime import Runtime
 
@@ -41,14 +42,22 @@ def idle_queues(request: Request) -> IdleQueues | None:
         return None
 
 
+def status_document(s: Any, group: Any, idle: IdleQueues | None) -> dict[str, Any]:
+    """The group's status (docs/api.md), with its waits on queues without a consumer."""
+    waiting = None
+    if idle and group.status in OPEN:
+        waiting = waits.consumer_waits(s, [group.id], idle).get(group.id)
+    return documents.status_document(s, group, waiting)
+
+
 def require_done(s: Any, row: Any, request: Request) -> None:
     """``409`` unless the group is done; while its work waits on a queue without a
     consumer, the answer says which queue and how to end the wait."""
     if row.status in OPEN:
         idle = idle_queues(request)
-        waits = consumer_waits.consumer_waits(s, [row.id], idle).get(row.id) if idle else None
-        if waits:
-            raise NotReady(row.status, f"group {row.group_id!r} is {row.status}: {consumer_waits.describe(waits)}")
+        waiting = waits.consumer_waits(s, [row.id], idle).get(row.id) if idle else None
+        if waiting:
+            raise NotReady(row.status, f"group {row.group_id!r} is {row.status}: {waits.describe(waiting)}")
     documents.require_status_done(row.group_id, row.status, row.error)
 
 
@@ -70,7 +79,7 @@ def readiness(request: Request, rt: Runtime, database_ok: bool) -> dict[str, Any
     if database_ok and not rt.schema_problem:
         try:
             with rt.db.read_session() as s:
-                waiting = consumer_waits.groups_waiting(s, idle)
+                waiting = waits.groups_waiting(s, idle)
         except Exception:  # informative only
             log.debug("could not count the groups waiting for a consumer", exc_info=True)
     document["groups_waiting_for_consumer"] = waiting
@@ -93,7 +102,7 @@ def update_metrics(request: Request, rt: Runtime) -> None:
         metrics.QUEUE_CONSUMERS.labels(queue).set(current.count(queue))
     try:
         with rt.db.read_session() as s:
-            waiting = consumer_waits.groups_waiting(s, current.without_consumer())
+            waiting = waits.groups_waiting(s, current.without_consumer())
     except Exception:  # noqa: BLE001
         return
     for queue in ALL_QUEUES:

@@ -24,7 +24,7 @@ from drcredit import metrics
 from drcredit.broker.app import create_celery
 from drcredit.broker.consumers import ConsumerHeartbeat, ConsumerRegistry
 from drcredit.broker.dispatch import CeleryDispatcher
-from drcredit.broker.queues import ALL_QUEUES
+from drcredit.broker.queues import ALL_QUEUES, CREDIT_AGGREGATOR, UNIT_QUEUES
 from drcredit.scoring.dispatch import UnitKind, UnitRef
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
@@ -142,7 +142,9 @@ class Sweeper(threading.Thread):
                 if restarted:
                     log.warning("broker restarted (run id changed): re-sending all queued work")
                 if first or restarted or run_id is not None:
-                    resent = self.runtime.pipeline.sweep(stale, self._idle_queues())
+                    idle = self._idle_queues()
+                    kinds = [kind for kind, queue in UNIT_QUEUES.items() if queue in idle]
+                    resent = self.runtime.pipeline.sweep(stale, kinds, CREDIT_AGGREGATOR in idle)
                     metrics.SWEEPS.inc(resent)
                 for queue, depth in self.dispatcher.queue_depths().items():
                     metrics.QUEUE_DEPTH.labels(queue).set(depth)

@@ -11,7 +11,6 @@ from sqlalchemy import Integer, func, select
 from sqlalchemy.orm import Session, selectinload
 
 from drcredit.domain.group import is_valid_group_id
-from drcredit.scoring.consumer_waits import IdleQueues, consumer_waits
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.storage import models as m
 from drcredit.storage.histories import support_histories
@@ -89,12 +88,9 @@ def progress_of(s: Session, groups: Sequence[m.Group]) -> dict[int, dict[str, in
     return out
 
 
-def status_document(s: Session, group: m.Group, idle_queues: IdleQueues | None = None) -> dict[str, Any]:
-    """``idle_queues``: the queues no live worker consumes (distributed mode; None in
-    embedded mode, where nothing waits on a queue)."""
-    waits = None
-    if idle_queues and group.status in ("queued", "running"):
-        waits = consumer_waits(s, [group.id], idle_queues).get(group.id)
+def status_document(s: Session, group: m.Group, waiting_for_consumer: list[Any] | None = None) -> dict[str, Any]:
+    """``waiting_for_consumer``: the group's waits on queues no live worker consumes
+    (:mod:`drcredit.broker.waits`; distributed mode only)."""
     return {
         "group_id": group.group_id,
         "status": group.status,
@@ -109,7 +105,7 @@ def status_document(s: Session, group: m.Group, idle_queues: IdleQueues | None =
         if group.judge_waiting_since is not None and group.status in ("queued", "running")
         else None,
         # Work of the group waits on a queue that no live worker consumes (docs/operations.md).
-        "waiting_for_consumer": waits or None,
+        "waiting_for_consumer": waiting_for_consumer or None,
         "metadata": group.metadata_,
         "created_at": _iso(group.created_at),
         "started_at": _iso(group.started_at),

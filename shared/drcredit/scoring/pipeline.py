@@ -165,10 +165,11 @@ class Pipeline:
         """Re-dispatch the unfinished work of every open group (after a restart)."""
         return recovery.resume(self.db, self.dispatcher, self.snippets)
 
-    def sweep(self, stale_after_s: float, idle_queues: Collection[str] = ()) -> int:
-        """Re-dispatch work whose broker message may be lost, except on ``idle_queues``
-        (no live consumer); returns units re-dispatched."""
-        return recovery.sweep(self.db, self.dispatcher, self.snippets, stale_after_s, idle_queues)
+    def sweep(self, stale_after_s: float, skip_kinds: Collection[str] = (), skip_aggregations: bool = False) -> int:
+        """Re-dispatch work whose broker message may be lost, except the units of
+        ``skip_kinds`` and, with ``skip_aggregations``, aggregations (their queue has no live
+        consumer); returns units re-dispatched."""
+        return recovery.sweep(self.db, self.dispatcher, self.snippets, stale_after_s, skip_kinds, skip_aggregations)
 
     def stop(self) -> None:
         """Ask running units to return after their current judge call (resumable)."""

@@ -16,7 +16,6 @@ from datetime import timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import aliased
 
-from drcredit.broker.queues import CREDIT_AGGREGATOR, UNIT_QUEUES
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.lifecycle import aggregate_ready, dispatch_queued
 from drcredit.scoring.snippet_release import SnippetRelease
@@ -63,16 +62,17 @@ def sweep(
     dispatcher: Dispatcher,
     snippets: SnippetRelease,
     stale_after_s: float,
-    idle_queues: Collection[str] = (),
+    skip_kinds: Collection[str] = (),
+    skip_aggregations: bool = False,
 ) -> int:
     """Re-dispatch work whose broker message may be lost; returns units re-dispatched.
 
     A unit queued longer than ``stale_after_s`` ago, or running under a lease that
     expired that long ago, is dispatched again. Groups whose units are all done but
-    whose aggregation never ran are aggregated. Work on ``idle_queues`` (no live worker
-    consumes them) is left alone: its message waits for a consumer, and sending it again
-    every sweep would only pile copies in the queue; a sweep after a consumer appears
-    sends what is still missing.
+    whose aggregation never ran are aggregated. Units of ``skip_kinds`` (and with
+    ``skip_aggregations`` the aggregations) are left alone: no live worker consumes their
+    queue, so their message waits for one, and sending it again every sweep would only pile
+    copies in the queue; a sweep after a consumer appears sends what is still missing.
     """
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     refs: list[UnitRef] = []
@@ -93,7 +93,7 @@ def sweep(
             )
         ).all()
         for unit_id, kind, group_pk, rollout_id, status, updated in candidates:
-            if UNIT_QUEUES[kind] in idle_queues:
+            if kind in skip_kinds:
                 continue
             touched = rows_changed(
                 s,
@@ -110,7 +110,7 @@ def sweep(
                 )
             )
         )
-        for group_pk in sorted(stuck) if CREDIT_AGGREGATOR not in idle_queues else ():
+        for group_pk in sorted(stuck) if not skip_aggregations else ():
             rows_changed(
                 s,
                 update(m.Group)
