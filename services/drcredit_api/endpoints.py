@@ -336,7 +336,8 @@ async def readyz(request: Request) -> Response:
     """Ready to ingest: database reachable with its schema at head, broker reachable.
 
     The judge is reported as a component (``judge``: :func:`judge_status`) without
-    making the API unready: groups posted while the judge is down wait for it.
+    making the API unready: groups posted while the judge is down wait for it. So are,
+    in distributed mode, the queues (``queues``: which have no live consumer).
     """
     rt: Runtime = request.app.state.runtime
     checks: dict[str, Any] = {}

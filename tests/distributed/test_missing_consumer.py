@@ -17,10 +17,14 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
+from drcredit.client import DrCreditClient
+from drcredit.client.errors import DrCreditTimeout
+from drcredit_api.app import create_app
 from tests.distributed.test_distributed import redis_db, worker_env
 from tests.pipeline.test_outcome_judging import judged_group
-from tests.support.api import api_client
+from tests.support.api import api_client, settings_for
 from tests.support.judge_server import JudgeServer
+from tests.support.live import serving
 from tests.support.services import Workers
 
 pytestmark = pytest.mark.infra
@@ -99,6 +103,11 @@ def test_a_group_waiting_on_a_queue_without_consumer_says_so_until_one_starts(
                 message = r.json()["message"]
                 assert "queue outcome_judge" in message and "drcredit worker --queues outcome_judge" in message
                 assert queues_of(client)["groups_waiting_for_consumer"] == {"outcome_judge": 1}
+                # A trainer's wait (the SDK) that runs out says why, naming the queue.
+                app = create_app(settings_for(pg_url, marker_judge.url, broker_url=broker, auto_migrate=False))
+                with serving(app) as url, DrCreditClient(url) as sdk, pytest.raises(DrCreditTimeout) as timed_out:
+                    sdk.wait_for_advantages("nobody", timeout=1.0, poll_wait=0.5)
+                assert "its work waits on outcome_judge, which no live worker consumes" in str(timed_out.value)
                 assert metric(client, "drcredit_groups_waiting_for_consumer", "outcome_judge") == 1
                 assert metric(client, "drcredit_queue_depth", "outcome_judge") == 2
 
