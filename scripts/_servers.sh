@@ -1,5 +1,6 @@
 # Shared by scripts/test and scripts/trial: Postgres on 127.0.0.1:5432 (trust auth, user
-# postgres) and Redis on 127.0.0.1:6379, started (and installed with apt) when not running.
+# postgres) and Redis on 127.0.0.1:6379, started (and installed with apt) when not running;
+# install_redis only installs redis-server (the trial runs one of its own).
 
 ensure_postgres() {
   if pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then return; fi
@@ -15,11 +16,15 @@ ensure_postgres() {
   echo "Postgres did not come up on 127.0.0.1:5432" >&2; exit 1
 }
 
-ensure_redis() {
-  if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then return; fi
+install_redis() {
   if ! command -v redis-server >/dev/null 2>&1; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
   fi
+}
+
+ensure_redis() {
+  if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then return; fi
+  install_redis
   mkdir -p /var/lib/redis /var/log/redis
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
     --dir /var/lib/redis --logfile /var/log/redis/ci.log

@@ -1,6 +1,7 @@
 """``scripts/trial`` as the README tells a newcomer to run it: the distributed stack on
 this machine scores the examples with the numbers of embedded mode, every process's
-metrics are where it says, and Ctrl-C stops everything and drops the database.
+metrics are where it says, and Ctrl-C stops everything (its own redis-server too) and
+drops the database.
 
 Real processes (API, one worker per service), real Postgres and Redis.
 """
@@ -23,7 +24,6 @@ import psycopg
 import pytest
 
 from drcredit.broker.queues import SERVICES
-from tests.distributed.test_distributed import redis_db
 from tests.support.infra import PG_ADMIN
 from tests.support.live import free_port
 
@@ -77,14 +77,52 @@ def credits(document: dict[str, Any]) -> list[tuple[str, int, Any, Any]]:
     return [(r["id"], t["index"], t["credit"], t["advantage"]) for r in document["rollouts"] for t in r["turns"]]
 
 
+def walk_through_a_missing_outcome_judge(
+    client: httpx.Client, printed: str, stdout: Path, tmp_path: Path
+) -> dict[str, Any]:
+    """docs/operations.md, "A trial on one machine": stop the outcome judge, post the judged
+    example under another id, read the report, start a worker with the printed exports."""
+    [pid] = [w["pid"] for w in client.get("/readyz").json()["queues"]["workers"] if w["queues"] == ["outcome_judge"]]
+    os.kill(pid, signal.SIGTERM)
+    stopped = time.monotonic()
+    while client.get("/readyz").json()["queues"]["without_consumer"] != ["outcome_judge"]:
+        assert time.monotonic() - stopped < 30
+        time.sleep(0.05)
+    reported_after = time.monotonic() - stopped
+    group = json.loads(EXAMPLES["demo-step1-q1-judged"].read_text().replace("demo-step1-q1-judged", "try-2"))
+    assert client.post("/v1/groups", json=group).status_code == 202
+    time.sleep(1.0)
+    waiting = client.get("/v1/groups/try-2").json()["waiting_for_consumer"]
+    deadline = time.monotonic() + 10
+    while b"the outcome judge exited" not in stdout.read_bytes():  # the trial says so
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    exports = printed.split("to run drcredit commands on this stack (another worker, a report), export:\n")[1]
+    env = {**os.environ, **dict(pair.split("=", 1) for pair in exports.splitlines()[0].split())}
+    with (tmp_path / "extra-worker.log").open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "drcredit_cli.main", "worker", "--queues", "outcome_judge", "--concurrency", "4"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        finished = client.get("/v1/groups/try-2/advantages", params={"wait": 60})
+        assert finished.status_code == 200, finished.text
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+    return {"reported_after_s": reported_after, "waiting": waiting}
+
+
 def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     api_port, metrics_port = free_port(), free_run(len(SERVICES) - 1)
     stdout = tmp_path / "trial.out"
-    with redis_db() as broker, stdout.open("wb") as sink:
+    with stdout.open("wb") as sink:
         trial = subprocess.Popen(
             [
                 str(ROOT / "scripts" / "trial"),
-                "--postgres", PG_ADMIN, "--redis", broker,
+                "--postgres", PG_ADMIN,
                 "--port", str(api_port), "--metrics-port", str(metrics_port), "--logs", str(tmp_path / "logs"),
             ],
             stdout=sink,
@@ -100,7 +138,10 @@ def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tm
             printed = stdout.read_text()
             base = f"http://127.0.0.1:{api_port}"
             database = re.search(r"database   (drcredit_trial_\w+)", printed)
-            assert database, printed
+            broker = re.search(
+                r"broker     redis://127\.0\.0\.1:(\d+)/0 \(a redis-server of the trial's own\)", printed
+            )
+            assert database and broker, printed
             # Every process's metrics where the trial says they are: one URL per service.
             urls = re.findall(r"^\s+(.+?)\s+(http://127\.0\.0\.1:\d+/metrics)$", printed, re.MULTILINE)
             assert [name for name, _ in urls] == [s.name for s in SERVICES]
@@ -110,6 +151,7 @@ def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tm
                 judge_calls = sum(client.get(f"/v1/groups/{g}").json()["progress"]["judge_calls"] for g in EXAMPLES)
                 viewer = {g: client.get(f"/ui/groups/{g}") for g in EXAMPLES}
                 ready = client.get("/readyz").json()
+                missing_part = walk_through_a_missing_outcome_judge(client, printed, stdout, tmp_path)
         finally:
             trial.send_signal(signal.SIGINT)  # what Ctrl-C sends
             code = trial.wait(90)
@@ -136,9 +178,15 @@ def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tm
     for group_id, page in viewer.items():
         assert page.status_code == 200 and group_id in page.text
 
+    # The walk-through of docs/operations.md: told at once, finished once a worker starts.
+    assert missing_part["reported_after_s"] < 2.0, missing_part
+    # Seven of the example's eight rollouts end with a report: one outcome unit each.
+    [wait] = missing_part["waiting"]
+    assert wait["queue"] == "outcome_judge" and wait["units"] == 7 and wait["since"]
+
     # Ctrl-C stopped every process and dropped the database.
     assert f"database {database.group(1)} dropped" in final
-    for port in (api_port, *range(metrics_port, metrics_port + len(SERVICES) - 1)):
+    for port in (api_port, *range(metrics_port, metrics_port + len(SERVICES) - 1), int(broker.group(1))):
         with pytest.raises(ConnectionRefusedError):  # nothing listens there any more
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
     with psycopg.connect(PG_ADMIN) as conn:
