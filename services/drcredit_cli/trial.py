@@ -126,7 +126,7 @@ def trial(
     groups: Annotated[
         list[Path] | None,
         typer.Argument(
-            metavar="[GROUP.json]...",
+            metavar="GROUP.json",
             help="Groups to score (default: examples/group.json and examples/group_judged.json).",
         ),
     ] = None,
