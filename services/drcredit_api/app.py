@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 import drcredit
+from drcredit.broker.consumers import CachedCensus, ConsumerRegistry
 from drcredit.scoring.events import NotificationListener
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
@@ -45,6 +46,12 @@ def create_app(
         app.state.runtime = runtime
         if app.state.broker_probe is None and hasattr(runtime.dispatcher, "ping"):
             app.state.broker_probe = runtime.dispatcher.ping
+        registry = None
+        if settings.broker_url:
+            # Which queues have a live worker (drcredit.broker.consumers): group status,
+            # /readyz and /metrics say when one has none.
+            registry = ConsumerRegistry(settings.broker_url)
+            app.state.consumers = CachedCensus(registry)
         if not app.state.tenant_keys:
             log.warning(
                 "no API keys configured (DRCREDIT_API_KEYS): the API is OPEN to anyone who can reach it; local use only"
@@ -67,6 +74,8 @@ def create_app(
         finally:
             if listener is not None:
                 listener.stop()
+            if registry is not None:
+                registry.close()
             runtime.close()
 
     # FastAPIOffline serves the /docs and /redoc assets from the installed package: the
@@ -74,6 +83,7 @@ def create_app(
     app = FastAPIOffline(title="DrCredit", version=drcredit.__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.tenant_keys = settings.tenant_keys()
     app.state.broker_probe = broker_probe
+    app.state.consumers = None
     install_handlers(app)
     app.include_router(router)
     app.include_router(analytics.router)

@@ -25,7 +25,7 @@ from drcredit.scoring.replay import replay
 from drcredit.scoring.runtime import Runtime
 from drcredit.scoring.usage import group_usage
 from drcredit.storage import models as m
-from drcredit_api import schemas
+from drcredit_api import queues, schemas
 from drcredit_api.auth import tenant_of
 
 T = TypeVar("T")
@@ -190,10 +190,13 @@ async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
 
 
 @router.get("/v1/groups/{group_id}", response_model=schemas.GroupStatus, responses=READ, tags=["results"])
-async def get_group(group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+async def get_group(request: Request, group_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status and judging progress of a group."""
     price = rt.settings.judge_price
-    return await read_db(rt, lambda s: documents.status_document(s, documents.find_group(s, tenant, group_id), price))
+    idle = await run_in_threadpool(queues.idle_queues, request)
+    return await read_db(
+        rt, lambda s: queues.status_document(s, documents.find_group(s, tenant, group_id), idle, price)
+    )
 
 
 def _one_group(tenant: str, group_id: str) -> Any:
@@ -209,15 +212,16 @@ def _one_group(tenant: str, group_id: str) -> Any:
 @router.get(
     "/v1/groups/{group_id}/advantages", response_model=schemas.AdvantagesDocument, responses=RESULT, tags=["results"]
 )
-async def get_advantages(group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> Response:
-    """Per-turn advantages once the group is done; ``409`` with its status before that."""
+async def get_advantages(request: Request, group_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0.0) -> Response:
+    """Per-turn advantages once the group is done; ``409`` with its status before that
+    (and, while its work waits on a queue no live worker consumes, which queue)."""
     state = _one_group(tenant, group_id)
 
     def read(s: Any, may_wait: bool) -> Polled[Response]:
         row = state(s)
         if row.status not in FINAL and may_wait:
             return [row.id], None
-        documents.require_status_done(row.group_id, row.status, row.error)
+        queues.require_done(s, row, request)
         return [], _json(documents.final_advantages(s, tenant, [row], rt.settings.judge_price)[0])
 
     return await _long_poll(rt, wait, read)
@@ -276,8 +280,9 @@ def _batch_status(groups: list[Any]) -> str:
 
 
 @router.get("/v1/batches/{batch_id}", response_model=schemas.BatchStatus, responses=READ, tags=["results"])
-async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
+async def get_batch(request: Request, batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Status of every group of a batch."""
+    idle = await run_in_threadpool(queues.idle_queues, request)
 
     price = rt.settings.judge_price
 
@@ -287,7 +292,7 @@ async def get_batch(batch_id: str, tenant: Tenant, rt: RuntimeDep) -> dict[str, 
             "batch_id": batch_id,
             "status": _batch_status(groups),
             "usage": total(group_usage(s, [g.id for g in groups]).values()).document(price),
-            "groups": [documents.status_document(s, g, price) for g in groups],
+            "groups": [queues.status_document(s, g, idle, price) for g in groups],
         }
 
     return await read_db(rt, run)
@@ -344,7 +349,8 @@ async def readyz(request: Request) -> Response:
     """Ready to ingest: database reachable with its schema at head, broker reachable.
 
     The judge is reported as a component (``judge``: :func:`judge_status`) without
-    making the API unready: groups posted while the judge is down wait for it.
+    making the API unready: groups posted while the judge is down wait for it. So are,
+    in distributed mode, the queues (``queues``: which have no live consumer).
     """
     rt: Runtime = request.app.state.runtime
     checks: dict[str, Any] = {}
@@ -372,6 +378,9 @@ async def readyz(request: Request) -> Response:
         except Exception:  # noqa: BLE001 - the judge's state is informative only
             rows = []
     checks["judge"] = await run_in_threadpool(judge_status, rt, rows)
+    consumers = await run_in_threadpool(queues.readiness, request, rt, checks["database"] == "ok")
+    if consumers is not None:
+        checks["queues"] = consumers
     return JSONResponse(
         status_code=200 if ready else 503, content={"status": "ready" if ready else "not ready", **checks}
     )
@@ -409,8 +418,15 @@ def judge_status(rt: Runtime, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-async def prometheus_metrics(rt: RuntimeDep) -> Response:
-    """Prometheus text format."""
+async def prometheus_metrics(request: Request, rt: RuntimeDep) -> Response:
+    """Prometheus text format: this process's series.
+
+    In distributed mode the pipeline's work is counted where it runs: judge calls,
+    group latency, work units and tasks are series of the workers, each served on its
+    ``DRCREDIT_METRICS_PORT`` (docs/operations.md, "Logs and metrics"). This endpoint
+    adds what the API sees: requests, ingest, groups by status, and each queue's
+    messages, live consumers and groups waiting for a consumer.
+    """
 
     def counts(s: Any) -> dict[str, int]:
         return dict(s.execute(select(m.Group.status, func.count()).group_by(m.Group.status)).all())
@@ -421,4 +437,5 @@ async def prometheus_metrics(rt: RuntimeDep) -> Response:
             metrics.GROUPS_BY_STATUS.labels(status).set(by_status.get(status, 0))
     except Exception:  # noqa: BLE001 - metrics must answer even when the database does not
         pass
+    await run_in_threadpool(queues.update_metrics, request, rt)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -82,6 +82,15 @@ class JudgeWait(_Open):
     reason: str | None
 
 
+class ConsumerWait(_Open):
+    #: The queue whose work the group waits on (visit_judge, snippet_matcher, outcome_judge, credit_aggregator).
+    queue: str
+    #: Since when: the later of its oldest waiting work and the last time a worker consumed the queue.
+    since: str | None
+    #: Work units of the group waiting on it (an aggregation counts as one).
+    units: int
+
+
 class GroupStatus(_Open):
     group_id: str
     status: str
@@ -95,6 +104,8 @@ class GroupStatus(_Open):
     judge: dict[str, str]
     #: Set while the group's judgments wait for an unreachable judge.
     waiting_for_judge: JudgeWait | None = None
+    #: Set while work of the group waits on a queue that no live worker consumes (distributed mode).
+    waiting_for_consumer: list[ConsumerWait] | None = None
     metadata: Any
     created_at: str | None
     started_at: str | None

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 import drcredit
+from drcredit.broker.queues import ALL_QUEUES
 from drcredit.domain.errors import InvalidInput, errors_from_pydantic
 from drcredit.domain.group import GroupIn
 from drcredit.judges.breaker import BreakerState
@@ -33,6 +34,7 @@ from drcredit.storage import models as m
 from drcredit_cli.flags import Command, Group
 from drcredit_cli.report import report as report_command
 from drcredit_cli.table import print_advantages
+from drcredit_cli.trial import trial as trial_command
 
 app = typer.Typer(
     help=(
@@ -283,13 +285,13 @@ def serve(
 
 
 def _worker_configs() -> dict[str, Any]:
-    from drcredit_aggregator.config import WORKER as AGGREGATOR
-    from drcredit_auditor.config import WORKER as AUDITOR
-    from drcredit_outcome_judge.config import WORKER as OUTCOMES
-    from drcredit_snippet_matcher.config import WORKER as SNIPPETS
-    from drcredit_visit_judge.config import WORKER as VISITS
+    """Each worker service's settings (its ``config.py``), by queue, from the one list of services."""
+    import importlib
 
-    return {c.queue: c for c in (VISITS, SNIPPETS, OUTCOMES, AGGREGATOR, AUDITOR)}
+    from drcredit.broker.queues import WORKER_SERVICES
+
+    configs = [importlib.import_module(f"{s.package}.config").WORKER for s in WORKER_SERVICES]
+    return {c.queue: c for c in configs}
 
 
 @app.command(cls=Command)
@@ -297,10 +299,7 @@ def worker(
     queues: Annotated[
         str | None,
         typer.Option(
-            help=(
-                "Comma-separated queues to consume: visit_judge, snippet_matcher, outcome_judge, "
-                "credit_aggregator (default: all)."
-            )
+            help=f"Comma-separated queues to consume: {', '.join(ALL_QUEUES)} (default: all).",
         ),
     ] = None,
     concurrency: Annotated[
@@ -334,7 +333,7 @@ def worker(
     threads = concurrency or max(c.concurrency for c in chosen)
     raise_open_files_limit()  # one socket per judge call in flight
     try:
-        celery_app, runtime = worker_mod.start(settings, concurrency or settings.judge_concurrency)
+        celery_app, runtime = worker_mod.start(settings, concurrency or settings.judge_concurrency, names)
     except OperationalError as exc:
         _database_unreachable(settings, exc)
     except ValueError as exc:
@@ -379,6 +378,7 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target revision.")]
 
 
 app.command("report", cls=Command)(report_command)
+app.command("trial", cls=Command)(trial_command)
 
 
 def main() -> None:

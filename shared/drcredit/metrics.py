@@ -44,6 +44,16 @@ GROUP_LATENCY = Histogram(
 )
 GROUPS_BY_STATUS = Gauge("drcredit_groups", "Groups in the database by status", ["status"])
 QUEUE_DEPTH = Gauge("drcredit_queue_depth", "Messages waiting in each broker queue", ["queue"])
+QUEUE_CONSUMERS = Gauge(
+    "drcredit_queue_consumers",
+    "Live workers consuming each queue (set by the API; 0: nothing takes its work)",
+    ["queue"],
+)
+GROUPS_WAITING_FOR_CONSUMER = Gauge(
+    "drcredit_groups_waiting_for_consumer",
+    "Open groups with work waiting on each queue that no live worker consumes (set by the API)",
+    ["queue"],
+)
 TASKS = Counter("drcredit_tasks_total", "Celery tasks by queue and outcome", ["queue", "outcome"])
 JUDGE_OUTAGES = Counter(
     "drcredit_judge_outages_total", "Times a judge endpoint became unreachable (its breaker opened)", ["endpoint"]

@@ -92,6 +92,10 @@ class Settings(BaseSettings):
     #: (queued, or with an expired lease) such work must be.
     sweep_interval_s: float = Field(5.0, gt=0)
     sweep_stale_after_s: float = Field(5.0, ge=0)
+    #: A worker says which queues it consumes (in Redis) every third of this; one that
+    #: has not said so for this long counts as gone (one that stops cleanly says so at
+    #: once). Groups waiting on a queue without a consumer show it in their status.
+    consumer_ttl_s: float = Field(10.0, gt=0)
     #: How long a process keeps judge answers it could not store (the database away)
     #: and tries again, before giving them up.
     store_patience_s: float = Field(600.0, gt=0)

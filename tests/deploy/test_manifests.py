@@ -22,6 +22,7 @@ and prove each validator actually fails on bad input.
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import re
 import shutil
@@ -39,10 +40,7 @@ import pytest
 import yaml
 from check_jsonschema.builtin_schemas import get_builtin_schema
 
-from drcredit_aggregator.config import WORKER as AGGREGATOR_WORKER
-from drcredit_outcome_judge.config import WORKER as OUTCOME_WORKER
-from drcredit_snippet_matcher.config import WORKER as SNIPPET_WORKER
-from drcredit_visit_judge.config import WORKER as VISIT_WORKER
+from drcredit.broker.queues import WORKER_SERVICES as SERVICES_OF_QUEUES
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -56,16 +54,13 @@ SCHEMAS = Path(__file__).resolve().parent / "schemas"
 K8S_VERSION = "1.33"
 
 # --- Contracts with the application code: CLI, queue names, ports ----------
-# queue name -> worker --concurrency
-#: Each service's queue and the --concurrency its manifests run it with: its config.py.
-QUEUES = {c.queue: c.concurrency for c in (VISIT_WORKER, SNIPPET_WORKER, OUTCOME_WORKER, AGGREGATOR_WORKER)}
-# compose service name of the worker consuming each queue
-WORKER_SERVICES = {
-    "visit-judge": "visit_judge",
-    "snippet-matcher": "snippet_matcher",
-    "outcome-judge": "outcome_judge",
-    "credit-aggregator": "credit_aggregator",
+#: Each service's queue and the --concurrency its manifests run it with: its config.py,
+#: for every worker service of the one list of services (drcredit.broker.queues).
+QUEUES = {
+    c.queue: c.concurrency for c in (importlib.import_module(f"{s.package}.config").WORKER for s in SERVICES_OF_QUEUES)
 }
+#: compose service name of the worker consuming each queue
+WORKER_SERVICES = {s.compose_name: s.queue for s in SERVICES_OF_QUEUES}
 METRICS_PORT = 9100
 API_PORT = 8000
 WORKER_GRACE_SECONDS = 120

@@ -500,3 +500,34 @@ def test_sweep_releases_a_missed_waiting_snippet_call_only_once_its_chains_are_d
         assert marker_judge.count("snippet") == 0
     finally:
         rt.close()
+
+
+def test_sweep_leaves_alone_the_work_of_a_queue_without_a_consumer(tmp_path: Path, marker_judge: JudgeServer) -> None:
+    """The worker's sweeper passes the kinds whose queue nobody consumes: their units (and,
+    for credit_aggregator, the aggregations) are not sent again; everything else is."""
+    from tests.pipeline.test_outcome_judging import judged_group
+
+    recording = Recording()
+    settings = settings_for(f"sqlite:///{tmp_path / 'db.sqlite3'}", marker_judge.url)
+    rt = Runtime.build(settings, dispatcher=recording)  # type: ignore[arg-type]
+    try:
+        sub = rt.pipeline.submit_group("t", GroupIn.model_validate(judged_group("skip")))
+        sent = Counter(u.kind for u in recording.units)
+        assert sent["outcome"] == 2 and sent["visit_chain"] > 0  # rollouts a and b have reports
+        recording.units.clear()
+        rt.pipeline.sweep(0.0, skip_kinds=["outcome"])
+        assert Counter(u.kind for u in recording.units) == {k: n for k, n in sent.items() if k != "outcome"}
+        recording.units.clear()
+        rt.pipeline.sweep(0.0)
+        assert Counter(u.kind for u in recording.units) == sent
+
+        # Every unit done: the aggregation is sent once; a sweep re-sends a stuck one
+        # unless its queue has no consumer.
+        assert all(o == "done" for o in rt.pipeline.run_units(recording.units))
+        assert recording.aggregations == [sub.group_pk]
+        rt.pipeline.sweep(0.0, skip_aggregations=True)
+        assert recording.aggregations == [sub.group_pk]
+        rt.pipeline.sweep(0.0)
+        assert recording.aggregations == [sub.group_pk, sub.group_pk]
+    finally:
+        rt.close()

@@ -1,6 +1,15 @@
-"""Queue and task names: one queue per service, so each scales on its own backlog."""
+"""Queue and task names, and the deployment's services: one queue per worker service, so
+each scales on its own backlog.
+
+:data:`SERVICES` is the one list of the processes a deployment runs. The CLI's
+``drcredit worker --queues``, the deployment files' tests and the tests of
+``docs/operations.md`` and the README all read it, so no document can name a service the
+code does not have or miss one it has.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 VISIT_JUDGE = "visit_judge"
 SNIPPET_MATCHER = "snippet_matcher"
@@ -24,3 +33,42 @@ TASK_QUEUES = {
 }
 #: The task that runs each kind of work unit.
 UNIT_TASKS = {"visit_chain": RUN_VISIT_CHAIN, "snippet": MATCH_SNIPPETS, "outcome": JUDGE_OUTCOME}
+#: The queue each kind of work unit waits on (a group's aggregation waits on CREDIT_AGGREGATOR).
+UNIT_QUEUES = {kind: TASK_QUEUES[task] for kind, task in UNIT_TASKS.items()}
+
+
+@dataclass(frozen=True)
+class Service:
+    """One kind of process of a deployment."""
+
+    #: As the documents name it ("visit judge").
+    name: str
+    #: Its package under ``services/``.
+    package: str
+    #: The queue its workers consume; None for the ingest API, which only sends.
+    queue: str | None = None
+
+    @property
+    def command(self) -> str:
+        """How to start one by hand."""
+        if self.queue is None:
+            return "drcredit serve --host 0.0.0.0 --port 8000"
+        return f"drcredit worker --queues {self.queue}"
+
+    @property
+    def compose_name(self) -> str:
+        """Its service in docker-compose.yml and its Deployment's suffix in k8s/."""
+        return "api" if self.queue is None else self.queue.replace("_", "-")
+
+
+SERVICES = (
+    Service("ingest API", "drcredit_api"),
+    Service("visit judge", "drcredit_visit_judge", VISIT_JUDGE),
+    Service("snippet matcher", "drcredit_snippet_matcher", SNIPPET_MATCHER),
+    Service("outcome judge", "drcredit_outcome_judge", OUTCOME_JUDGE),
+    Service("credit aggregator", "drcredit_aggregator", CREDIT_AGGREGATOR),
+    Service("auditor", "drcredit_auditor", AUDITOR),
+)
+#: The services that run ``drcredit worker``, one per queue, in :data:`ALL_QUEUES` order.
+WORKER_SERVICES = tuple(s for s in SERVICES if s.queue is not None)
+assert tuple(s.queue for s in WORKER_SERVICES) == ALL_QUEUES, "every queue has exactly one worker service"

@@ -3,14 +3,16 @@
 One :class:`~drcredit.scoring.runtime.Runtime` per process (database pool sized to the
 worker's concurrency, one judge client, a Celery dispatcher), a Prometheus endpoint, a
 sweeper thread that re-sends work whose message was lost (Redis restarted, a worker was
-killed), and a graceful stop: on SIGTERM running chains hand their unit back after the
-current judge call and it is queued again at once.
+killed), a heartbeat that says which queues this worker consumes
+(:mod:`drcredit.broker.consumers`), and a graceful stop: on SIGTERM running chains hand
+their unit back after the current judge call and it is queued again at once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,9 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from drcredit import metrics
 from drcredit.broker.app import create_celery
+from drcredit.broker.consumers import ConsumerHeartbeat, ConsumerRegistry
 from drcredit.broker.dispatch import CeleryDispatcher
+from drcredit.broker.queues import ALL_QUEUES, CREDIT_AGGREGATOR, UNIT_QUEUES
 from drcredit.scoring.dispatch import UnitKind, UnitRef
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
@@ -46,8 +50,12 @@ def current_runtime() -> Runtime:
     return _runtime
 
 
-def start(settings: Settings, judge_concurrency: int) -> tuple[Celery, Runtime]:
-    """Build this process's Celery app and runtime, and start its helper threads."""
+def start(settings: Settings, judge_concurrency: int, queues: Collection[str] = ALL_QUEUES) -> tuple[Celery, Runtime]:
+    """Build this process's Celery app and runtime, and start its helper threads.
+
+    ``queues``: the queues this worker consumes; its heartbeat says so once Celery is
+    ready to take their messages, and withdraws it when Celery stops taking them.
+    """
     global _runtime
     if settings.log_level.upper() != "DEBUG":
         # Celery logs every task's success at INFO: hundreds of lines a second under
@@ -61,11 +69,20 @@ def start(settings: Settings, judge_concurrency: int) -> tuple[Celery, Runtime]:
         from prometheus_client import start_http_server
 
         start_http_server(settings.metrics_port)
-    Sweeper(_runtime, dispatcher, settings).start()
+        log.info("metrics on :%d/metrics", settings.metrics_port)
+    assert settings.broker_url is not None  # create_celery refused otherwise
+    registry = ConsumerRegistry(settings.broker_url)
+    heartbeat = ConsumerHeartbeat(registry, queues, settings.metrics_port, settings.consumer_ttl_s)
+    Sweeper(_runtime, dispatcher, settings, registry, queues).start()
+
+    @signals.worker_ready.connect(weak=False)
+    def _consuming(**_: Any) -> None:
+        heartbeat.start()
 
     @signals.worker_shutting_down.connect(weak=False)
     def _stop(**_: Any) -> None:
         log.info("worker stopping: running chains hand back their units after the current call")
+        heartbeat.stop()
         if _runtime is not None:
             _runtime.pipeline.stop()
 
@@ -77,15 +94,33 @@ class Sweeper(threading.Thread):
 
     A change of the Redis server's run id means it restarted; without persistence its
     queues are empty, so every queued unit is sent again at once instead of waiting.
+    Work on a queue no live worker consumes is not sent again (its message waits).
     """
 
-    def __init__(self, runtime: Runtime, dispatcher: CeleryDispatcher, settings: Settings):
+    def __init__(
+        self,
+        runtime: Runtime,
+        dispatcher: CeleryDispatcher,
+        settings: Settings,
+        registry: ConsumerRegistry,
+        own_queues: Collection[str],
+    ):
         super().__init__(name="drcredit-sweeper", daemon=True)
         self.runtime = runtime
         self.dispatcher = dispatcher
         self.interval = settings.sweep_interval_s
         self.stale_after = settings.sweep_stale_after_s
+        self.registry = registry
+        self.own_queues = set(own_queues)
         self.run_id: str | None = None
+
+    def _idle_queues(self) -> set[str]:
+        """Queues without a live consumer (this worker's own count as consumed: its
+        heartbeat may not have been written yet); none when that cannot be read."""
+        try:
+            return set(self.registry.census().without_consumer()) - self.own_queues
+        except Exception:  # noqa: BLE001 - unknown: re-send as before
+            return set()
 
     def _broker_run_id(self) -> str | None:
         try:
@@ -107,7 +142,9 @@ class Sweeper(threading.Thread):
                 if restarted:
                     log.warning("broker restarted (run id changed): re-sending all queued work")
                 if first or restarted or run_id is not None:
-                    resent = self.runtime.pipeline.sweep(stale)
+                    idle = self._idle_queues()
+                    kinds = [kind for kind, queue in UNIT_QUEUES.items() if queue in idle]
+                    resent = self.runtime.pipeline.sweep(stale, kinds, CREDIT_AGGREGATOR in idle)
                     metrics.SWEEPS.inc(resent)
                 for queue, depth in self.dispatcher.queue_depths().items():
                     metrics.QUEUE_DEPTH.labels(queue).set(depth)

@@ -236,6 +236,19 @@ class ProgressBar:
             self._progress.update(self._task, completed=total, total=total, status="done")
 
 
+def _consumer_waits(kind: str, document: JSONDict | None) -> str:
+    """What a timed-out wait says of queues no live worker consumes (the status's
+    ``waiting_for_consumer``): a deployment missing a worker service, not a slow judge."""
+    if document is None:
+        return ""
+    statuses = [document] if kind == "group" else list(document.get("groups") or [])
+    queues = sorted({w["queue"] for s in statuses for w in (s.get("waiting_for_consumer") or [])})
+    if not queues:
+        return ""
+    names = ", ".join(queues)
+    return f"; its work waits on {names}, which no live worker consumes (drcredit worker --queues {','.join(queues)})"
+
+
 @dataclass
 class Waiter:
     """The decisions of ``wait_for_advantages`` / ``wait_for_batch``; the clients do the I/O.
@@ -322,6 +335,7 @@ class Waiter:
             groups = self.document.get("groups") or []
             done = sum(1 for g in groups if g.get("status") in FINAL)
             detail = f", {done}/{len(groups)} groups finished"
+        detail += _consumer_waits(self.kind, self.document)
         raise DrCreditTimeout(
             f"{self.kind} {self.ident!r} not finished after {self.timeout}s (status {self.status}{detail})",
             status=self.status,

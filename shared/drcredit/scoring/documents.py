@@ -93,8 +93,12 @@ def progress_of(s: Session, groups: Sequence[m.Group]) -> dict[int, dict[str, in
     return out
 
 
-def status_document(s: Session, group: m.Group, price: JudgePrice | None = None) -> dict[str, Any]:
-    """Status and progress, with the judge's usage so far."""
+def status_document(
+    s: Session, group: m.Group, price: JudgePrice | None = None, waiting_for_consumer: list[Any] | None = None
+) -> dict[str, Any]:
+    """Status and progress, with the judge's usage so far. ``waiting_for_consumer``: the
+    group's waits on queues no live worker consumes (:mod:`drcredit.broker.waits`;
+    distributed mode only)."""
     return {
         "group_id": group.group_id,
         "status": group.status,
@@ -109,6 +113,8 @@ def status_document(s: Session, group: m.Group, price: JudgePrice | None = None)
         "waiting_for_judge": {"since": _iso(group.judge_waiting_since), "reason": group.judge_waiting_reason}
         if group.judge_waiting_since is not None and group.status in ("queued", "running")
         else None,
+        # Work of the group waits on a queue that no live worker consumes (docs/operations.md).
+        "waiting_for_consumer": waiting_for_consumer or None,
         "metadata": group.metadata_,
         "created_at": _iso(group.created_at),
         "started_at": _iso(group.started_at),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future
 
 from drcredit.domain.batch import BatchIn
@@ -174,9 +174,11 @@ class Pipeline:
         """Re-dispatch the unfinished work of every open group (after a restart)."""
         return recovery.resume(self.db, self.dispatcher, self.snippets)
 
-    def sweep(self, stale_after_s: float) -> int:
-        """Re-dispatch work whose broker message may be lost; returns units re-dispatched."""
-        return recovery.sweep(self.db, self.dispatcher, self.snippets, stale_after_s)
+    def sweep(self, stale_after_s: float, skip_kinds: Collection[str] = (), skip_aggregations: bool = False) -> int:
+        """Re-dispatch work whose broker message may be lost, except the units of
+        ``skip_kinds`` and, with ``skip_aggregations``, aggregations (their queue has no live
+        consumer); returns units re-dispatched."""
+        return recovery.sweep(self.db, self.dispatcher, self.snippets, stale_after_s, skip_kinds, skip_aggregations)
 
     def stop(self) -> None:
         """Ask running units to return after their current judge call (resumable)."""

@@ -10,6 +10,7 @@ makes one sweeper win each unit, and a duplicate delivery finds it done or lease
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import timedelta
 
 from sqlalchemy import select, update
@@ -56,12 +57,22 @@ def resume(db: Database, dispatcher: Dispatcher, snippets: SnippetRelease) -> in
     return queued
 
 
-def sweep(db: Database, dispatcher: Dispatcher, snippets: SnippetRelease, stale_after_s: float) -> int:
+def sweep(
+    db: Database,
+    dispatcher: Dispatcher,
+    snippets: SnippetRelease,
+    stale_after_s: float,
+    skip_kinds: Collection[str] = (),
+    skip_aggregations: bool = False,
+) -> int:
     """Re-dispatch work whose broker message may be lost; returns units re-dispatched.
 
     A unit queued longer than ``stale_after_s`` ago, or running under a lease that
     expired that long ago, is dispatched again. Groups whose units are all done but
-    whose aggregation never ran are aggregated.
+    whose aggregation never ran are aggregated. Units of ``skip_kinds`` (and with
+    ``skip_aggregations`` the aggregations) are left alone: no live worker consumes their
+    queue, so their message waits for one, and sending it again every sweep would only pile
+    copies in the queue; a sweep after a consumer appears sends what is still missing.
     """
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     refs: list[UnitRef] = []
@@ -82,6 +93,8 @@ def sweep(db: Database, dispatcher: Dispatcher, snippets: SnippetRelease, stale_
             )
         ).all()
         for unit_id, kind, group_pk, rollout_id, status, updated in candidates:
+            if kind in skip_kinds:
+                continue
             touched = rows_changed(
                 s,
                 update(m.WorkUnit)
@@ -97,7 +110,7 @@ def sweep(db: Database, dispatcher: Dispatcher, snippets: SnippetRelease, stale_
                 )
             )
         )
-        for group_pk in sorted(stuck):
+        for group_pk in sorted(stuck) if not skip_aggregations else ():
             rows_changed(
                 s,
                 update(m.Group)
