@@ -21,10 +21,11 @@ from celery import Celery, signals
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from drcredit import metrics
+from drcredit.audit import service as audits
 from drcredit.broker.app import create_celery
 from drcredit.broker.consumers import ConsumerHeartbeat, ConsumerRegistry
 from drcredit.broker.dispatch import CeleryDispatcher
-from drcredit.broker.queues import ALL_QUEUES, CREDIT_AGGREGATOR, UNIT_QUEUES
+from drcredit.broker.queues import ALL_QUEUES, AUDITOR, CREDIT_AGGREGATOR, UNIT_QUEUES
 from drcredit.scoring.dispatch import UnitKind, UnitRef
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
@@ -145,6 +146,12 @@ class Sweeper(threading.Thread):
                     idle = self._idle_queues()
                     kinds = [kind for kind, queue in UNIT_QUEUES.items() if queue in idle]
                     resent = self.runtime.pipeline.sweep(stale, kinds, CREDIT_AGGREGATOR in idle)
+                    if AUDITOR not in idle:
+                        # An audit's message may wait behind others' (one task each):
+                        # queued for a minute, or its worker's lease run out.
+                        resent += audits.sweep(
+                            self.runtime.db, self.dispatcher.dispatch_audit, max(stale, AUDIT_STALE_S)
+                        )
                     metrics.SWEEPS.inc(resent)
                 for queue, depth in self.dispatcher.queue_depths().items():
                     metrics.QUEUE_DEPTH.labels(queue).set(depth)
@@ -153,6 +160,9 @@ class Sweeper(threading.Thread):
                 log.warning("sweep failed; retrying in %.0fs", self.interval, exc_info=True)
             threading.Event().wait(self.interval)
 
+
+#: A queued audit older than this is sent again (its running lease is renewed well within it).
+AUDIT_STALE_S = 60.0
 
 #: Database errors worth retrying (server restarting, connection dropped).
 TRANSIENT_DB_ERRORS = (OperationalError,)
