@@ -14,7 +14,7 @@ from drcredit.broker.consumers import CachedCensus, ConsumerRegistry
 from drcredit.scoring.events import NotificationListener
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
-from drcredit_api import analytics, audits
+from drcredit_api import analytics, audits, operations
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import router
 from drcredit_api.errors import install_handlers
@@ -86,6 +86,7 @@ def create_app(
     app.state.consumers = None
     install_handlers(app)
     app.include_router(router)
+    app.include_router(operations.router)
     app.include_router(analytics.router)
     app.include_router(audits.router)
     app.include_router(ui.router)
