@@ -19,7 +19,7 @@ pytestmark = pytest.mark.infra
 def test_a_record_counts_until_it_runs_out_or_is_withdrawn() -> None:
     with redis_db() as url:
         registry = ConsumerRegistry(url)
-        registry.publish("w1", ["visit_judge", "snippet_matcher"], 9101, ttl_s=60)
+        registry.publish("w1", ["visit_judge", "snippet_matcher", "auditor"], 9101, ttl_s=60)
         registry.publish("w2", ["outcome_judge"], None, ttl_s=0.5)
         census = registry.census()
         assert [census.count(q) for q in ("visit_judge", "snippet_matcher", "outcome_judge")] == [1, 1, 1]
@@ -36,7 +36,7 @@ def test_a_record_counts_until_it_runs_out_or_is_withdrawn() -> None:
         before = datetime.now(UTC)
         registry.withdraw("w1")
         gone = registry.census().without_consumer()
-        assert set(gone) == {"visit_judge", "snippet_matcher", "outcome_judge", "credit_aggregator"}
+        assert set(gone) == {"visit_judge", "snippet_matcher", "outcome_judge", "credit_aggregator", "auditor"}
         seen = gone["visit_judge"]
         assert seen is not None and abs((seen - before).total_seconds()) < 2
         registry.close()

@@ -64,7 +64,7 @@ def test_a_group_waiting_on_a_queue_without_consumer_says_so_until_one_starts(
         queue_client = redis.Redis.from_url(broker)
         workers = Workers(worker_env(pg_url, broker, marker_judge.url, consumer_ttl_s=TTL_S), tmp_path)
         try:
-            workers.start("visit_judge,snippet_matcher,credit_aggregator", 4)
+            workers.start("visit_judge,snippet_matcher,credit_aggregator,auditor", 4)
             with api_client(pg_url, marker_judge.url, broker_url=broker, auto_migrate=False) as client:
                 section = queues_of(client)
                 assert section["without_consumer"] == ["outcome_judge"]
@@ -77,7 +77,7 @@ def test_a_group_waiting_on_a_queue_without_consumer_says_so_until_one_starts(
                 }
                 assert by_queue["visit_judge"]["consumers"] == 1
                 [worker] = section["workers"]
-                assert worker["queues"] == ["visit_judge", "snippet_matcher", "credit_aggregator"]
+                assert worker["queues"] == ["visit_judge", "snippet_matcher", "credit_aggregator", "auditor"]
                 assert metric(client, "drcredit_queue_consumers", "outcome_judge") == 0
                 assert metric(client, "drcredit_queue_consumers", "visit_judge") == 1
 
