@@ -21,6 +21,7 @@ Failed judgments reach you in the documents: ``unscorable`` on each turn, the co
 from drcredit.client._requests import JSONDict, new_group_id
 from drcredit.client.aio import AsyncDrCreditClient
 from drcredit.client.errors import (
+    AuditFailed,
     AuthError,
     Conflict,
     DrCreditConnectionError,
@@ -38,6 +39,7 @@ from drcredit.client.sync import DrCreditClient
 
 __all__ = [
     "AsyncDrCreditClient",
+    "AuditFailed",
     "AuthError",
     "Conflict",
     "DrCreditClient",

@@ -24,6 +24,7 @@ from tenacity import RetryCallState, retry_if_exception_type, stop_after_attempt
 import drcredit
 from drcredit.client._requests import Call, JSONDict
 from drcredit.client.errors import (
+    AuditFailed,
     DrCreditConnectionError,
     DrCreditError,
     DrCreditTimeout,
@@ -251,14 +252,16 @@ def _consumer_waits(kind: str, document: JSONDict | None) -> str:
 
 @dataclass
 class Waiter:
-    """The decisions of ``wait_for_advantages`` / ``wait_for_batch``; the clients do the I/O.
+    """The decisions of ``wait_for_advantages`` / ``wait_for_batch`` / ``wait_for_audit``;
+    the clients do the I/O.
 
     Each round long-polls for at most ``min(poll_wait, remaining)`` seconds (a progress bar
-    shortens rounds so it moves), fetches the status when a bar is shown or time is up,
-    and raises :class:`DrCreditTimeout` with that status once the deadline has passed.
+    shortens rounds so it moves), fetches the status when a bar is shown or time is up
+    (an audit's status comes with its ``409``), and raises :class:`DrCreditTimeout` with
+    that status once the deadline has passed.
     """
 
-    kind: str  # "group" | "batch"
+    kind: str  # "group" | "batch" | "audit"
     ident: str
     timeout: float | None
     poll_wait: float
@@ -290,6 +293,10 @@ class Waiter:
     def finished(self, document: JSONDict) -> JSONDict:
         """The final document; raises :class:`GroupFailed` when a batch holds failed groups,
         and warns (:class:`~drcredit.client.failures.JudgmentsFailed`) when judgments failed."""
+        if self.kind == "audit":
+            sampled = len(document.get("group_ids") or [])
+            self.bar.show(sampled, sampled, "done")
+            return document
         if self.kind == "batch":
             groups = [g for g in document.get("groups", []) if isinstance(g, dict)]
             self.bar.show(len(groups), len(groups), str(document.get("status")))
@@ -307,10 +314,19 @@ class Waiter:
 
     def not_ready(self, exc: NotReady) -> None:
         self.status = exc.status
+        if self.kind == "audit":
+            self.bar.show(0, None, exc.status)
+            if exc.status == "failed":
+                prefix = f"audit {self.ident!r} is failed: "
+                reason = exc.message[len(prefix) :] if exc.message.startswith(prefix) else exc.message
+                raise AuditFailed(exc.message, audit_id=self.ident, reason=reason) from exc
+            return
         if exc.status == "failed":
             raise GroupFailed(exc.message, group_ids=[self.ident], document=None) from exc
 
     def wants_status(self) -> bool:
+        if self.kind == "audit":
+            return False  # its 409 said the status; there is nothing more to read
         return self.progress or self.remaining() <= 0
 
     def saw_status(self, document: JSONDict) -> None:

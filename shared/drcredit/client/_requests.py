@@ -216,3 +216,37 @@ def readyz() -> Call:
 
 def metrics() -> Call:
     return Call("GET", "/metrics", text=True)
+
+
+def start_audit(
+    judge: str,
+    run: str | None,
+    batch_id: str | None,
+    group_ids: Iterable[str] | None,
+    sample_groups: int | None,
+    seed: int,
+) -> Call:
+    """The scope is whichever of ``run``, ``batch_id``, ``group_ids`` is given; the service
+    checks that exactly one is (a ``422`` naming ``scope``). Never retried: each POST starts
+    another audit, which calls the audit judge again."""
+    scope: JSONDict = {}
+    if run is not None:
+        scope["run"] = run
+    if batch_id is not None:
+        scope["batch_id"] = batch_id
+    if group_ids is not None:
+        if isinstance(group_ids, str):
+            raise TypeError("group_ids must be a list of group ids, not one string")
+        scope["group_ids"] = list(group_ids)
+    body: JSONDict = {"judge": judge, "scope": scope, "seed": seed}
+    if sample_groups is not None:
+        body["sample_groups"] = sample_groups
+    return Call("POST", "/v1/audits", json=body, retry=False)
+
+
+def audit(audit_id: str, wait: float | None) -> Call:
+    return _waiting(f"/v1/audits/{_segment(audit_id)}", wait)
+
+
+def audits(run: str | None) -> Call:
+    return Call("GET", "/v1/audits", params=None if run is None else {"run": run})

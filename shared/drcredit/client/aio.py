@@ -168,6 +168,35 @@ class AsyncDrCreditClient:
         """Advantages recomputed from stored judgments under other params (no judge call)."""
         return await self._json(rq.replay(group_id, params))
 
+    # ------------------------------------------------------------------------ judge audits
+
+    async def start_audit(
+        self,
+        judge: str,
+        *,
+        run: str | None = None,
+        batch_id: str | None = None,
+        group_ids: Iterable[str] | None = None,
+        sample_groups: int | None = None,
+        seed: int = 0,
+    ) -> JSONDict:
+        """Start a judge audit (docs/audit.md): the operator's audit judge ``judge`` re-scores
+        ``sample_groups`` done groups (all when None) of one scope, a ``run``, a ``batch_id``
+        or a list of ``group_ids``, drawn with ``seed``. Returns the queued audit's summary
+        (``audit_id``, ``group_ids``, ...). Never retried: each call starts another audit."""
+        return await self._json(rq.start_audit(judge, run, batch_id, group_ids, sample_groups, seed))
+
+    async def get_audit(self, audit_id: str, *, wait: float | None = None) -> JSONDict:
+        """The audit's report once done; :class:`NotReady` (``status`` queued, running or
+        failed, a failure's reason in its message) until then, after ``wait`` seconds."""
+        return await self._json(rq.audit(audit_id, wait))
+
+    async def list_audits(self, *, run: str | None = None) -> list[JSONDict]:
+        """This tenant's audits, newest first (``run``: those over that run's groups); a done
+        one carries its ``agreement``, ``effect`` (without per-group figures) and ``usage``."""
+        listed = await self._json(rq.audits(run))
+        return list(listed.get("audits") or [])
+
     # ------------------------------------------------------------------------ operations
 
     async def healthz(self) -> JSONDict:
@@ -222,5 +251,24 @@ class AsyncDrCreditClient:
                     w.not_ready(exc)
                 if w.wants_status():
                     w.saw_status(await self.batch_status(batch_id))
+                w.check_deadline()
+                await asyncio.sleep(w.pause())
+
+    async def wait_for_audit(
+        self, audit_id: str, *, timeout: float | None, poll_wait: float = 30.0, progress: bool = False
+    ) -> JSONDict:
+        """Long-poll until the audit is done and return its report.
+
+        Raises :class:`AuditFailed` (with the ``reason``) if the audit failed and
+        :class:`DrCreditTimeout` with its last status after ``timeout`` seconds (None waits
+        forever). ``progress`` shows its status on stderr.
+        """
+        w = c.Waiter("audit", audit_id, timeout, poll_wait, progress)
+        with w.bar:
+            while True:
+                try:
+                    return w.finished(await self.get_audit(audit_id, wait=w.next_wait()))
+                except NotReady as exc:
+                    w.not_ready(exc)
                 w.check_deadline()
                 await asyncio.sleep(w.pause())

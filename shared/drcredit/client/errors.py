@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AuditFailed",
     "AuthError",
     "Conflict",
     "DrCreditConnectionError",
@@ -146,6 +147,16 @@ class GroupFailed(DrCreditError):
         super().__init__(None, message, body=document)
         self.group_ids = group_ids
         self.document = document
+
+
+class AuditFailed(DrCreditError):
+    """A judge audit ended ``failed``: ``reason`` is why (an audit judge that stayed
+    unreachable, a sampled group that is gone); the training groups are untouched."""
+
+    def __init__(self, message: str, *, audit_id: str, reason: str) -> None:
+        super().__init__(None, message)
+        self.audit_id = audit_id
+        self.reason = reason
 
 
 def _field_errors(detail: Any) -> list[dict[str, str]]:
