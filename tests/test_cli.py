@@ -282,7 +282,12 @@ def test_help_lists_the_commands(tmp_path: Path) -> None:
     result = run(tmp_path, "--help")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for command, what in (("score", "Score one group"), ("serve", "REST API"), ("db", "Database schema")):
+    for command, what in (
+        ("score", "Score one group"),
+        ("serve", "REST API"),
+        ("db", "Database schema"),
+        ("audit", "Judge audits"),
+    ):
         assert re.search(rf"\b{command}\b.*{what}", out), (command, out)
 
 
@@ -299,7 +304,22 @@ def test_score_help_documents_its_options(tmp_path: Path) -> None:
     assert re.search(r"--params +<str> +JSON object", out), out  # an option with a value keeps its type
 
 
-@pytest.mark.parametrize("command", [[], ["score"], ["serve"], ["worker"], ["report"], ["db"], ["db", "upgrade"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["score"],
+        ["serve"],
+        ["worker"],
+        ["report"],
+        ["db"],
+        ["db", "upgrade"],
+        ["audit"],
+        ["audit", "start"],
+        ["audit", "show"],
+        ["audit", "list"],
+    ],
+)
 def test_no_help_page_shows_a_value_for_a_flag(command: list[str]) -> None:
     """Every command's --help, its own flags and --help itself included, shows no <bool>."""
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})

@@ -31,6 +31,7 @@ from drcredit.scoring.errors import Conflict
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
 from drcredit.storage import models as m
+from drcredit_cli.audit import audit_app
 from drcredit_cli.flags import Command, Group
 from drcredit_cli.report import report as report_command
 from drcredit_cli.table import print_advantages
@@ -50,6 +51,7 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True, cls=Group)
 app.add_typer(db_app, name="db")
+app.add_typer(audit_app, name="audit")
 
 err = Console(stderr=True)
 

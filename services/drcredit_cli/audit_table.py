@@ -1,0 +1,179 @@
+"""What ``drcredit audit`` prints: an audit's report as tables readable at 80 columns, and
+the list of a tenant's audits. The figures are the document's (docs/audit.md says what
+each means); ``--json`` prints the document itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+#: The kinds compared, as the report names them, with their categories.
+KINDS = (
+    ("visit", "visit level (0-2)"),
+    ("snippet", "snippet match (0/1)"),
+    ("report_rubric", "report rubric (0-4)"),
+    ("citation", "citation joint (0-2)"),
+)
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None, digits: int = 4) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _table() -> Table:
+    return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+
+
+def scope_text(audit: dict[str, Any]) -> str:
+    """The audit's scope in words: ``run exp``, ``batch b1`` or ``groups g0, g1``."""
+    scope = audit.get("scope") or {}
+    if "run" in scope:
+        return f"run {scope['run']}"
+    if "batch_id" in scope:
+        return f"batch {scope['batch_id']}"
+    ids = list(scope.get("group_ids") or [])
+    shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+    return f"groups {shown}"
+
+
+def judge_text(audit: dict[str, Any]) -> str:
+    model = audit.get("judge_model")
+    return f"{audit['judge']} ({model})" if model else str(audit["judge"])
+
+
+def headline(audit: dict[str, Any]) -> str:
+    """One line: which judge re-scored what, how many groups, with which seed."""
+    sampled = len(audit.get("group_ids") or [])
+    return (
+        f"audit {audit['audit_id']} {audit['status']}: audit judge {judge_text(audit)}, {scope_text(audit)}, "
+        f"{sampled} group{'s' if sampled != 1 else ''} sampled (seed {audit['seed']})"
+    )
+
+
+def agreement_table(agreement: dict[str, Any]) -> Table:
+    table = _table()
+    table.add_column("kind")
+    for header in ("pairs", "left out", "exact", "kappa"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for kind, label in KINDS:
+        a = agreement.get(kind)
+        if a is None:
+            continue
+        table.add_row(label, str(a["pairs"]), str(a["left_out"]), _pct(a["exact"]), _num(a["kappa"], 3))
+        first = a.get("first_visit")
+        if first is not None:
+            table.add_row(
+                "  first visits",
+                str(first["pairs"]),
+                str(first["left_out"]),
+                _pct(first["exact"]),
+                _num(first["kappa"], 3),
+            )
+    return table
+
+
+def confusion_tables(agreement: dict[str, Any]) -> list[tuple[str, Table]]:
+    """(title, table) per kind with pairs: rows the original judge's value, columns the audit judge's."""
+    out = []
+    for kind, label in KINDS:
+        a = agreement.get(kind)
+        if not a:
+            continue
+        rows = [(label, a)] + ([("visit level, first visits", a["first_visit"])] if a.get("first_visit") else [])
+        for name, figures in rows:
+            if not figures["pairs"]:
+                continue
+            matrix = figures["confusion"]
+            table = _table()
+            table.add_column("original \\ audit", justify="right")
+            for j in range(len(matrix)):
+                table.add_column(str(j), justify="right", no_wrap=True)
+            for i, row in enumerate(matrix):
+                table.add_row(str(i), *(str(n) for n in row))
+            out.append((name, table))
+    return out
+
+
+def effect_table(effect: dict[str, Any]) -> Table:
+    table = _table()
+    table.add_column("measure")
+    table.add_column("process A_rg", justify="right", no_wrap=True)
+    table.add_column("fused", justify="right", no_wrap=True)
+    table.add_row("W1", _num(effect["w1"]), _num(effect["fused_w1"]))
+    table.add_row("RMSE", _num(effect["rmse"]), _num(effect["fused_rmse"]))
+    table.add_row("sign agreement", _pct(effect["process_sign_agreement"]), _pct(effect["fused_sign_agreement"]))
+    return table
+
+
+def usage_text(usage: dict[str, Any]) -> str:
+    seconds = usage.get("seconds")
+    return (
+        f"audit judge usage: {usage['calls']} calls for {usage.get('judgments', 0)} judgments, "
+        f"{usage['prompt_tokens']:,} prompt tokens ({usage.get('cached_prompt_tokens', 0):,} cached), "
+        f"{usage['completion_tokens']:,} completion tokens" + ("" if seconds is None else f", {seconds:.1f} s")
+    )
+
+
+def print_audit(doc: dict[str, Any], out: Console | None = None) -> None:
+    """A done audit's report."""
+    out = out or Console()
+    out.print(headline(doc), highlight=False)
+    out.print()
+    out.print("[bold]Agreement[/] (pairs: judgments both judges made; kappa: quadratic-weighted)", highlight=False)
+    out.print(agreement_table(doc["agreement"]))
+    matrices = confusion_tables(doc["agreement"])
+    if matrices:
+        out.print()
+        out.print("[bold]Confusion matrices[/] (rows: the original judge; columns: the audit judge)")
+    for title, table in matrices:
+        out.print()
+        out.print(title, highlight=False)
+        out.print(table)
+    out.print()
+    effect = doc["effect"]
+    out.print(f"[bold]Effect on the advantages[/] over {effect['turns']} research turns", highlight=False)
+    out.print(effect_table(effect))
+    outcome = effect.get("outcome_rmse")
+    out.print(
+        "outcome reward RMSE: "
+        + ("n/a (no group of the sample has its outcome judged by the service)" if outcome is None else _num(outcome)),
+        highlight=False,
+    )
+    out.print(usage_text(doc["usage"]), highlight=False)
+
+
+def print_audits(audits: list[dict[str, Any]], out: Console | None = None) -> None:
+    """A tenant's audits, newest first; a done one's headline figures, a failed one's reason."""
+    out = out or Console()
+    if not audits:
+        out.print("no audit yet: drcredit audit start --judge NAME --run RUN", highlight=False)
+        return
+    table = _table()
+    for header in ("audit", "status", "judge", "scope", "groups"):
+        table.add_column(header, overflow="fold")
+    for header in ("visit kappa", "fused sign", "created (UTC)"):
+        table.add_column(header, justify="right")
+    for a in audits:
+        visit = (a.get("agreement") or {}).get("visit") or {}
+        effect = a.get("effect") or {}
+        table.add_row(
+            a["audit_id"],
+            a["status"],
+            judge_text(a),
+            scope_text(a),
+            str(len(a.get("group_ids") or [])),
+            _num(visit.get("kappa"), 3),
+            _pct(effect.get("fused_sign_agreement")),
+            (a.get("created_at") or "")[:19].replace("T", " "),
+        )
+    out.print(table)
+    for a in audits:
+        if a["status"] == "failed":
+            out.print(f"{a['audit_id']} failed: {a.get('error')}", highlight=False)
