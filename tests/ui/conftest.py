@@ -1,21 +1,25 @@
 """One service for every viewer test (Postgres, the marker judge, two tenants), its groups
-scored once, and Debian's headless Chromium."""
+scored once and audited, and Debian's headless Chromium."""
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from drcredit_api.app import create_app
+from tests.api.test_audits import shifted
 from tests.support.api import settings_for
 from tests.support.builders import group_doc
 from tests.support.infra import postgres_database
 from tests.support.judge_server import Call, Reply, marker_answer, running_judge
-from tests.support.live import serving
+from tests.support.live import free_port, serving
 from tests.support.scenarios import RUBRICS, hand_worked_group, rollout_a, rollout_b
 from tests.ui.helpers import CHROMIUM, K1, K2, Service
 from tests.ui.scenarios import judged_group, long_group, step_group
@@ -61,14 +65,60 @@ def _seed(c: httpx.Client) -> None:
         assert r.status_code == 200, r.text
 
 
+#: The audits of the seeded runs, newest first: run exp has a running one (its judge
+#: never answers), a failed one (its judge is not there) and a done one; run solo a done
+#: one over its judged group (every kind of judgment paired); run many none.
+AUDITS = {
+    "exp": [("held", {"group_ids": ["g3"]}), ("down", {"run": "exp"}), ("shifted", {"batch_id": "b1"})],
+    "solo": [("shifted", {"run": "solo"})],
+}
+
+
+def _audit(c: httpx.Client, judge: str, scope: dict[str, Any]) -> str:
+    r = c.post("/v1/audits", json={"judge": judge, "scope": scope})
+    assert r.status_code == 202, r.text
+    audit_id: str = r.json()["audit_id"]
+    if judge == "held":
+        return audit_id
+    deadline = time.monotonic() + 60
+    while True:
+        r = c.get(f"/v1/audits/{audit_id}", params={"wait": 10})
+        if r.status_code == 200 or r.json().get("status") == "failed":
+            return audit_id
+        assert time.monotonic() < deadline, r.text
+
+
+def _seed_audits(c: httpx.Client) -> None:
+    for run in AUDITS:
+        for judge, scope in reversed(AUDITS[run]):
+            _audit(c, judge, scope)
+
+
 @pytest.fixture(scope="session")
 def service() -> Iterator[Service]:
-    with running_judge(cached_marker_script) as judge, postgres_database() as db:
-        app = create_app(settings_for(db, judge.url, api_keys=f"t1:{K1},t2:{K2}", judge_price=PRICE))
-        with serving(app) as url:
-            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {K1}"}, timeout=60) as c:
-                _seed(c)
-            yield Service(url, db)
+    # A judge that takes requests in and never answers them: an audit on it stays running.
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as silent, running_judge(shifted) as shift:
+        judges = {
+            "shifted": {"base_url": shift.url, "model": "judge-b"},
+            "down": {
+                "base_url": f"http://127.0.0.1:{free_port()}/v1",
+                "model": "judge-c",
+                "max_attempts": 1,
+                "outage_deadline_s": 1.0,
+            },
+            "held": {
+                "base_url": f"http://127.0.0.1:{silent.getsockname()[1]}/v1",
+                "model": "judge-h",
+                "timeout_s": 3600,
+            },
+        }
+        with running_judge(cached_marker_script) as judge, postgres_database() as db:
+            settings = settings_for(db, judge.url, api_keys=f"t1:{K1},t2:{K2}", judge_price=PRICE, audit_judges=judges)
+            with serving(create_app(settings)) as url:
+                with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {K1}"}, timeout=60) as c:
+                    _seed(c)
+                    _seed_audits(c)
+                yield Service(url, db)
 
 
 @pytest.fixture(scope="session")

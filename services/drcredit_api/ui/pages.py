@@ -14,7 +14,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 STATIC = Path(__file__).parent / "static"
 TITLES = {"index": "runs", "group": "group", "run": "run"}
 #: The page scripts, in load order: the shared part first, each page's own after it.
-SCRIPTS = ("core.js", "glossary.js", "charts.js", "details.js", "group.js", "run.js", "index.js")
+SCRIPTS = ("core.js", "glossary.js", "charts.js", "details.js", "group.js", "audits.js", "run.js", "index.js")
 FAVICON = STATIC / "favicon.svg"
 
 

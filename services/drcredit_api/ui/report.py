@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 import orjson
@@ -15,6 +15,7 @@ import orjson
 from drcredit.analytics.evidence import evidence_document
 from drcredit.analytics.runs import list_runs, run_document
 from drcredit.analytics.sensitivity import batch_sensitivity
+from drcredit.audit import service as audits
 from drcredit.domain.evidence import DEFAULT_BUDGETS
 from drcredit.domain.usage import JudgePrice
 from drcredit.scoring import breakdown, documents
@@ -38,7 +39,12 @@ def page_paths(kind: str, name: str) -> list[str]:
     if kind == "group":
         base = f"/v1/groups/{_q(name)}"
         return [f"{base}/advantages", f"{base}/credits", f"{base}/evidence"]
-    return [f"/v1/runs/{_q(name)}"]
+    return [f"/v1/runs/{_q(name)}", f"{AUDITS_OF_RUN}{_q(name)}"]
+
+
+#: The run page's list of audits (GET /v1/audits?run=), then each done one's document.
+AUDITS_OF_RUN = "/v1/audits?run="
+AUDIT = "/v1/audits/"
 
 
 def collect(kind: str, name: str, fetch: Fetch) -> dict[str, Any]:
@@ -48,6 +54,10 @@ def collect(kind: str, name: str, fetch: Fetch) -> dict[str, Any]:
         for batch in list(dict.fromkeys(batches))[-REPORT_BATCHES:]:
             path = f"/v1/batches/{_q(batch)}/sensitivity"
             data[path] = fetch(path)
+        for audit in data[f"{AUDITS_OF_RUN}{_q(name)}"]["audits"]:
+            if audit["status"] == "done":
+                path = f"{AUDIT}{_q(audit['audit_id'])}"
+                data[path] = fetch(path)
     return data
 
 
@@ -72,6 +82,10 @@ def database_fetch(db: Database, tenant: str, kind: str, name: str, price: Judge
 
     def fetch(path: str) -> dict[str, Any]:
         with db.session() as s:
+            if path.startswith(AUDITS_OF_RUN):
+                return {"audits": audits.listing(s, tenant, unquote(path[len(AUDITS_OF_RUN) :]))}
+            if path.startswith(AUDIT):
+                return audits.document(audits.find(s, tenant, unquote(path[len(AUDIT) :])))
             if path.endswith("/advantages"):
                 # As the API serves it: the document stored when the group finished.
                 documents.require_done(documents.find_group(s, tenant, name))
@@ -86,8 +100,6 @@ def database_fetch(db: Database, tenant: str, kind: str, name: str, price: Judge
                 return list_runs(s, tenant)
             if path.endswith("/sensitivity"):
                 batch_id = path.split("/")[3]
-                from urllib.parse import unquote
-
                 return batch_sensitivity(s, documents.find_batch(s, tenant, unquote(batch_id)))
             return run_document(s, tenant, name, DEFAULT_BUDGETS, price)
 

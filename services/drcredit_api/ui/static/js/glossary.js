@@ -81,6 +81,25 @@
     process_sign: ["process sign agreement", "Share of turns whose A_rg keeps its sign under the setting (within 1e-6 of zero counts as neutral)."],
     fused_sign: ["fused sign agreement", "Share of turns whose fused advantage keeps its sign under the setting."],
     bound: ["≤ / ≥", "A bound, not an exact figure: the setting needs snippet judgments that were skipped under saturation, so the worse extreme is shown."],
+    // ---------------------------------------------------------------- judge audits (docs/audit.md)
+    audit_groups: ["groups re-scored", "Done groups of the audit's scope that the audit judge scored again, drawn uniformly without replacement with the seed."],
+    audit_seed: ["seed", "The sample's seed: the same scope, sample size and seed draw the same groups."],
+    audit_time: ["audit time (UTC)", "When the audit was created, started or finished, in UTC."],
+    audit_pairs: ["pairs", "Judgments both judges made at the same key and both answered (a visit: rollout, turn and rubric; a snippet match: search turn and positive rubric; a rubric score: rollout and rubric; a claim: rollout and claim): what the agreement is computed over."],
+    audit_left_out: ["left out", "Keys where either judge failed after its retries: not paired. Rule of thumb: more than a few per cent of the pairs means a judge fails often on these requests, and the agreement describes only the rest."],
+    audit_exact: ["exact agreement", "Share of the pairs where both judges gave the same value."],
+    audit_kappa: ["quadratic-weighted kappa", "1 − Σ w·O / Σ w·E with w = (i − j)² / m²: 1 is full agreement, 0 what chance would give with each judge's own distribution of values, below 0 worse than chance; a disagreement of two steps weighs four times one of one step. – with no pair, or when both judges always gave one and the same value. Rule of thumb: below about 0.6 deserves a look."],
+    audit_first_visit: ["first visits", "Visit pairs whose support history was empty for both judges: both were sent the identical request, so disagreement there is the judges' own, not histories that drifted apart. Rule of thumb: much lower than the overall agreement means the judges differ on the pages themselves."],
+    audit_confusion: ["confusion count", "Pairs with this row's value from the original judge and this column's value from the audit judge; the diagonal is where they agree."],
+    audit_category: ["value", "A judgment's value: a visit level 0-2, a snippet match 0 or 1, a report rubric score 0-4, a claim's joint score 0-2."],
+    audit_turns: ["research turns compared", "Non-final turns of the audited groups, each with its advantage under both judges."],
+    audit_group_turns: ["research turns", "Non-final turns of this group, each with its advantage under both judges."],
+    audit_w1: ["W1 (audit)", "1-Wasserstein distance between the advantages as the original judge gave them and as the audit judge would, as distributions (process A_rg or fused)."],
+    audit_rmse: ["RMSE (audit)", "Root mean square difference of the advantages of corresponding turns under the two judges (process A_rg or fused)."],
+    audit_sign: ["sign agreement (audit)", "Share of turns whose advantage has the same sign under both judges (within 1e-6 of zero counts as neutral): whether training would push each turn the same way. Rule of thumb: under about 0.9 for the fused advantage deserves a look."],
+    audit_outcome_rmse: ["outcome reward RMSE", "Root mean square difference of the outcome rewards under the two judges over the rollouts both could score; – unless the service judged the outcome (outcome_source judge)."],
+    audit_judgments: ["judgments made", "Judgments the audit judge answered with a call of its own (an identical request in a group is asked once)."],
+    audit_seconds: ["audit duration", "Seconds from the audit's start to its report."],
   };
 
   function explanation(term) {

@@ -1,6 +1,6 @@
 /* The run page: per step, the judge's cost, the latency, the credit and its failures as
    charts; C(b) and U(b) of the steps picked; a table of the steps; the sensitivity table
-   of a batch of the run. */
+   of a batch of the run; the run's judge audits (audits.js). */
 (function () {
   "use strict";
   const D = window.DrCredit;
@@ -25,8 +25,9 @@
     charts(steps);
     curves(steps);
     table(steps);
-    D.glossary(TERMS);
+    D.glossary([...new Set(TERMS.concat(D.AUDIT_TERMS))]);
     await sensitivity(steps);
+    await D.audits(name);
   }
 
   /* The run's scoring workload row (absent from documents made before it existed). */
