@@ -92,6 +92,16 @@ def test_failed_judgments_exit_4_unless_allowed_and_are_shown(tmp_path: Path) ->
             ["cannot reach the database", "DRCREDIT_DATABASE_URL"],
         ),
         ({}, ["worker"], ["DRCREDIT_BROKER_URL"]),
+        (
+            {"DRCREDIT_AUDIT_JUDGES": '{"small": '},
+            ["serve"],
+            ["invalid configuration: DRCREDIT_AUDIT_JUDGES: not valid JSON (Expecting value: line 1 column 11"],
+        ),
+        (
+            {"DRCREDIT_AUDIT_JUDGES": '{"small": {"base_url": "http://127.0.0.1:1/v1", "wieght": 1}}'},
+            ["serve"],
+            ["DRCREDIT_AUDIT_JUDGES.small.wieght: unknown field"],
+        ),
     ],
 )
 def test_configuration_mistakes_are_one_line(

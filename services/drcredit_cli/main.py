@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import tempfile
 import time
@@ -12,6 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import select
@@ -73,6 +75,10 @@ def _settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = [f"DRCREDIT_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()]
         _fail("invalid configuration: " + "; ".join(problems))
+    except SettingsError as exc:  # a JSON setting (DRCREDIT_AUDIT_JUDGES, ...) that is not JSON
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = f"DRCREDIT_{field.group(1).upper()}" if field else "a DRCREDIT_* setting"
+        _fail(f"invalid configuration: {name}: not valid JSON ({exc.__cause__ or exc})")
     return settings.model_copy(update=overrides) if overrides else settings
 
 
