@@ -196,6 +196,23 @@ def test_bad_audit_requests_name_the_field(client: TestClient, body: dict[str, A
     assert detail["field"] == field and message in detail["message"], detail
 
 
+def test_what_is_not_found_is_named(client: TestClient) -> None:
+    """A 404 names the field that was looked up, as every other 404 does."""
+    scored(client, three_rollouts("g0", 0))
+    for body, field, message in (
+        ({"judge": "same", "scope": {"run": "nope"}}, "scope.run", "run 'nope' not found"),
+        ({"judge": "same", "scope": {"batch_id": "nope"}}, "scope.batch_id", "batch 'nope' not found"),
+    ):
+        r = client.post("/v1/audits", json=body)
+        assert r.status_code == 404 and r.json() == {
+            "message": message,
+            "detail": [{"field": field, "message": message}],
+        }
+    r = client.get("/v1/audits/aud-nope")
+    assert r.status_code == 404
+    assert r.json()["detail"] == [{"field": "audit_id", "message": "audit 'aud-nope' not found"}]
+
+
 def test_a_scope_without_a_done_group_is_refused(client: TestClient) -> None:
     doc = three_rollouts("open", 0) | {"expected_rollouts": 5}
     assert client.post("/v1/groups", json=doc).status_code == 202

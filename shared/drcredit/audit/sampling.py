@@ -25,11 +25,11 @@ def groups_in_scope(s: Session, tenant: str, scope: AuditScope) -> list[str]:
     if scope.run is not None:
         rows = s.execute(query.where(m.Group.run == scope.run)).all()
         if not rows:
-            raise NotFound(f"run {scope.run!r} not found")
+            raise NotFound(f"run {scope.run!r} not found", "scope.run")
     elif scope.batch_id is not None:
         batch = s.scalar(select(m.Batch).where(m.Batch.tenant == tenant, m.Batch.batch_id == scope.batch_id))
         if batch is None:
-            raise NotFound(f"batch {scope.batch_id!r} not found")
+            raise NotFound(f"batch {scope.batch_id!r} not found", "scope.batch_id")
         rows = s.execute(query.where(m.Group.group_id.in_(list(batch.group_ids)))).all()
     else:
         wanted = list(dict.fromkeys(scope.group_ids or ()))

@@ -81,7 +81,7 @@ def start(
 def find(s: Session, tenant: str, audit_id: str) -> m.Audit:
     row = s.scalar(select(m.Audit).where(m.Audit.tenant == tenant, m.Audit.audit_id == audit_id))
     if row is None:
-        raise NotFound(f"audit {audit_id!r} not found")
+        raise NotFound(f"audit {audit_id!r} not found", "audit_id")
     return row
 
 
