@@ -56,7 +56,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         judges = {
             "same": {"base_url": same.url, "model": "judge-test"},
             "shifted": {"base_url": shift.url, "model": "judge-b"},
-            "slow": {"base_url": slowly.url, "model": "judge-s"},
+            "slow": {"base_url": slowly.url, "model": "judge-s", "timeout_s": 60},
             "down": {
                 "base_url": f"http://127.0.0.1:{free_port()}/v1",
                 "model": "judge-c",

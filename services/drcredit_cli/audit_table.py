@@ -66,13 +66,13 @@ def agreement_table(agreement: dict[str, Any]) -> Table:
         a = agreement.get(kind)
         if a is None:
             continue
-        table.add_row(label, str(a["pairs"]), str(a["left_out"]), _pct(a["exact"]), _num(a["kappa"], 3))
+        table.add_row(label, f"{a['pairs']:,}", f"{a['left_out']:,}", _pct(a["exact"]), _num(a["kappa"], 3))
         first = a.get("first_visit")
         if first is not None:
             table.add_row(
                 "  first visits",
-                str(first["pairs"]),
-                str(first["left_out"]),
+                f"{first['pairs']:,}",
+                f"{first['left_out']:,}",
                 _pct(first["exact"]),
                 _num(first["kappa"], 3),
             )
@@ -96,7 +96,7 @@ def confusion_tables(agreement: dict[str, Any]) -> list[tuple[str, Table]]:
             for j in range(len(matrix)):
                 table.add_column(str(j), justify="right", no_wrap=True)
             for i, row in enumerate(matrix):
-                table.add_row(str(i), *(str(n) for n in row))
+                table.add_row(str(i), *(f"{n:,}" for n in row))
             out.append((name, table))
     return out
 
@@ -115,7 +115,7 @@ def effect_table(effect: dict[str, Any]) -> Table:
 def usage_text(usage: dict[str, Any]) -> str:
     seconds = usage.get("seconds")
     return (
-        f"audit judge usage: {usage['calls']} calls for {usage.get('judgments', 0)} judgments, "
+        f"audit judge usage: {usage['calls']:,} calls for {usage.get('judgments', 0):,} judgments, "
         f"{usage['prompt_tokens']:,} prompt tokens ({usage.get('cached_prompt_tokens', 0):,} cached), "
         f"{usage['completion_tokens']:,} completion tokens" + ("" if seconds is None else f", {seconds:.1f} s")
     )
@@ -138,7 +138,7 @@ def print_audit(doc: dict[str, Any], out: Console | None = None) -> None:
         out.print(table)
     out.print()
     effect = doc["effect"]
-    out.print(f"[bold]Effect on the advantages[/] over {effect['turns']} research turns", highlight=False)
+    out.print(f"[bold]Effect on the advantages[/] over {effect['turns']:,} research turns", highlight=False)
     out.print(effect_table(effect))
     outcome = effect.get("outcome_rmse")
     out.print(

@@ -43,7 +43,7 @@ def audited_service(tmp_path: Path, marker_judge: JudgeServer) -> Iterator[str]:
         judges: dict[str, Any] = {
             "same": {"base_url": same.url, "model": "judge-test"},
             "shifted": {"base_url": shift.url, "model": "judge-b"},
-            "slow": {"base_url": slowly.url, "model": "judge-s"},
+            "slow": {"base_url": slowly.url, "model": "judge-s", "timeout_s": 60},
             "down": {
                 "base_url": f"http://127.0.0.1:{free_port()}/v1",
                 "model": "judge-c",
