@@ -16,6 +16,9 @@ across processes).
 Failed judgments reach you in the documents: ``unscorable`` on each turn, the counts in
 ``progress``; :func:`failed_judgments` and :func:`unscorable_turns` read them and the
 ``wait_for_*`` calls warn with :class:`JudgmentsFailed`.
+
+Judge audits (docs/audit.md): ``start_audit``, ``get_audit``, ``wait_for_audit`` (raises
+:class:`AuditFailed` with the reason) and ``list_audits``.
 """
 
 from drcredit.client._requests import JSONDict, new_group_id

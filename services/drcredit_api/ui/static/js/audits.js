@@ -33,7 +33,8 @@
   function scopeText(scope) {
     if (scope.run !== undefined) return "run " + scope.run;
     if (scope.batch_id !== undefined) return "batch " + scope.batch_id;
-    return "groups " + (scope.group_ids || []).join(", ");
+    const ids = scope.group_ids || [];
+    return "groups " + ids.slice(0, 3).join(", ") + (ids.length > 3 ? " and " + (ids.length - 3) + " more" : "");
   }
 
   function header(a) {
