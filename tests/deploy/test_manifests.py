@@ -56,9 +56,8 @@ K8S_VERSION = "1.33"
 # --- Contracts with the application code: CLI, queue names, ports ----------
 #: Each service's queue and the --concurrency its manifests run it with: its config.py,
 #: for every worker service of the one list of services (drcredit.broker.queues).
-QUEUES = {
-    c.queue: c.concurrency for c in (importlib.import_module(f"{s.package}.config").WORKER for s in SERVICES_OF_QUEUES)
-}
+CONFIGS = {c.queue: c for c in (importlib.import_module(f"{s.package}.config").WORKER for s in SERVICES_OF_QUEUES)}
+QUEUES = {queue: c.concurrency for queue, c in CONFIGS.items()}
 #: compose service name of the worker consuming each queue
 WORKER_SERVICES = {s.compose_name: s.queue for s in SERVICES_OF_QUEUES}
 METRICS_PORT = 9100
@@ -81,7 +80,9 @@ SECRET_KEYS = {"DRCREDIT_DATABASE_URL", "DRCREDIT_JUDGE_API_KEY", "DRCREDIT_API_
 
 
 def worker_command(queue: str) -> list[str]:
-    return ["drcredit", "worker", "--queues", queue, "--concurrency", str(QUEUES[queue])]
+    """A worker of ``queue`` as deployed: its threads pinned, unless its config says not."""
+    command = ["drcredit", "worker", "--queues", queue]
+    return command + (["--concurrency", str(QUEUES[queue])] if CONFIGS[queue].pin_concurrency else [])
 
 
 # ---------------------------------------------------------------------------

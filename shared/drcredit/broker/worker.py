@@ -43,6 +43,10 @@ class WorkerConfig:
     concurrency: int
     tasks_module: str
     pool: str = "threads"
+    #: Deployments start it with ``--concurrency`` (its threads), which also caps its
+    #: judge calls in flight; False where that cap would starve it (an audit is one
+    #: task whose calls run on the engine: 4 threads, but calls up to the judge ceiling).
+    pin_concurrency: bool = True
 
 
 def current_runtime() -> Runtime:
