@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from drcredit.analytics.evidence import evidence_document, parse_budgets
 from drcredit.analytics.runs import list_runs, run_document
 from drcredit.analytics.sensitivity import batch_sensitivity
-from drcredit.scoring import documents
+from drcredit.scoring.results import documents
 from drcredit_api import schemas
 from drcredit_api.endpoints import READ, RESULT, RuntimeDep, Tenant, answers, read_db
 

@@ -11,7 +11,7 @@ from fastapi_offline import FastAPIOffline
 
 import drcredit
 from drcredit.broker.consumers import CachedCensus, ConsumerRegistry
-from drcredit.scoring.events import NotificationListener
+from drcredit.scoring.results.events import NotificationListener
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
 from drcredit_api import analytics, audits, operations

@@ -15,11 +15,11 @@ from sqlalchemy import select
 from drcredit.domain.batch import BatchIn
 from drcredit.domain.group import GroupIn, Rollout, is_valid_group_id
 from drcredit.domain.usage import total
-from drcredit.scoring import breakdown, documents
 from drcredit.scoring.errors import NotFound, NotReady, Unavailable
-from drcredit.scoring.replay import replay
+from drcredit.scoring.results import breakdown, documents
+from drcredit.scoring.results.replay import replay
+from drcredit.scoring.results.usage import group_usage
 from drcredit.scoring.runtime import Runtime
-from drcredit.scoring.usage import group_usage
 from drcredit.storage import models as m
 from drcredit_api import queues, schemas
 from drcredit_api.auth import tenant_of
@@ -101,7 +101,7 @@ async def _long_poll(rt: Runtime, wait: float, read: Callable[[Any, bool], Polle
     ``read(session, may_wait)`` reads the groups' states and, when they are final or
     ``may_wait`` is false, the answer itself: in one session, so the read that sees the
     last group final is the one that answers. States are read again only when the
-    groups are reported finished (:mod:`drcredit.scoring.events`) or after the
+    groups are reported finished (:mod:`drcredit.scoring.results.events`) or after the
     events' recheck interval.
     """
     deadline = time.monotonic() + min(wait, rt.settings.max_wait_s)

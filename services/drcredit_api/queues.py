@@ -19,8 +19,8 @@ from drcredit import metrics
 from drcredit.broker import waits
 from drcredit.broker.queues import ALL_QUEUES
 from drcredit.broker.waits import IdleQueues
-from drcredit.scoring import documents
 from drcredit.scoring.errors import NotReady
+from drcredit.scoring.results import documents
 from drcredit.scoring.runtime import Runtime
 
 log = logging.getLogger("drcredit.api")

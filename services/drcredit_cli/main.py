@@ -27,9 +27,9 @@ from drcredit.domain.group import GroupIn
 from drcredit.judges.breaker import BreakerState
 from drcredit.logs import configure_logging
 from drcredit.process import raise_open_files_limit, tune_gc
-from drcredit.scoring import documents
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
+from drcredit.scoring.results import documents
 from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
 from drcredit.storage import models as m

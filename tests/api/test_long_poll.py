@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any
 
-from drcredit.scoring.events import GroupEvents
+from drcredit.scoring.results.events import GroupEvents
 from drcredit_api.endpoints import _long_poll
 
 

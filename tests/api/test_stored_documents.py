@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from sqlalchemy import update
 
-from drcredit.scoring import documents
+from drcredit.scoring.results import documents
 from drcredit.storage import models as m
 from drcredit_api.auth import OPEN_TENANT
 from tests.support.api import api_client

@@ -22,8 +22,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from drcredit.domain.group import GroupIn
-from drcredit.scoring import documents
 from drcredit.scoring.dispatch import InProcessDispatcher
+from drcredit.scoring.results import documents
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage.migrate import upgrade
 from tests.support.api import api_client, settings_for

@@ -8,8 +8,8 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from drcredit.scoring.rollout_cache import RolloutCache
 from drcredit.scoring.runtime import Runtime
+from drcredit.scoring.work.rollout_cache import RolloutCache
 from drcredit.storage import repository as repo
 from tests.pipeline.test_pipeline import REPEAT, levels, runtime, score
 from tests.support.api import settings_for

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from drcredit.scoring.dispatch import InProcessDispatcher
-from drcredit.scoring.events import GroupEvents, NotificationListener, announce_final
+from drcredit.scoring.results.events import GroupEvents, NotificationListener, announce_final
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage.database import Database
 from tests.support.api import settings_for

@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import select, update
 
 from drcredit.domain.group import GroupIn
-from drcredit.scoring import breakdown, documents
 from drcredit.scoring.dispatch import InProcessDispatcher
+from drcredit.scoring.results import breakdown, documents
 from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, store_judgments
@@ -464,7 +464,7 @@ class Recording:
 def test_sweep_releases_a_missed_waiting_snippet_call_only_once_its_chains_are_done(
     tmp_path: Path, marker_judge: JudgeServer, monkeypatch: Any
 ) -> None:
-    from drcredit.scoring.snippet_release import SnippetRelease
+    from drcredit.scoring.work.snippet_release import SnippetRelease
 
     recording = Recording()
     settings = settings_for(f"sqlite:///{tmp_path / 'db.sqlite3'}", marker_judge.url)

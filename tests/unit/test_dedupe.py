@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from drcredit.domain.credit import plan_rollout
 from drcredit.domain.dedupe import json_digest, signatures, twin_turns
 from drcredit.domain.group import GroupIn
-from drcredit.scoring.content import request_digest
+from drcredit.scoring.intake.content import request_digest
 
 # Valid text only: no lone surrogates (neither encoder can write those as UTF-8).
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)

@@ -92,4 +92,4 @@ def test_the_cycle_check_sees_a_function_level_import(tmp_path: Path) -> None:
     source = "def f():\n    from drcredit.scoring.pipeline import Pipeline\n"
     names = [n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
     assert names == ["drcredit.scoring.pipeline"]
-    assert "drcredit.scoring.units" in graph()["drcredit.scoring.outcome_unit"]
+    assert "drcredit.scoring.work.units" in graph()["drcredit.scoring.work.outcome_unit"]

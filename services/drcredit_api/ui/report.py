@@ -18,7 +18,7 @@ from drcredit.analytics.sensitivity import batch_sensitivity
 from drcredit.audit import service as audits
 from drcredit.domain.evidence import DEFAULT_BUDGETS
 from drcredit.domain.usage import JudgePrice
-from drcredit.scoring import breakdown, documents
+from drcredit.scoring.results import breakdown, documents
 from drcredit.storage.database import Database
 from drcredit_api.ui.pages import render
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit.domain.evidence import DEFAULT_BUDGETS, RESEARCH_TYPES, contribution, evidence_curve
 from drcredit.domain.params import ScoringParams
-from drcredit.scoring.documents import require_done
+from drcredit.scoring.results.documents import require_done
 from drcredit.storage import models as m
 
 #: Budgets one request may ask for.

@@ -24,8 +24,8 @@ from drcredit.analytics.workload import workload
 from drcredit.domain.summaries import ADVANTAGE_EDGES, describe, histogram
 from drcredit.domain.usage import JudgePrice, Usage, per_item, total
 from drcredit.scoring.errors import NotFound
-from drcredit.scoring.outcomes import OUTCOME_KINDS
-from drcredit.scoring.usage import group_usage
+from drcredit.scoring.results.outcomes import OUTCOME_KINDS
+from drcredit.scoring.results.usage import group_usage
 from drcredit.storage import models as m
 from drcredit.storage.database import aware
 

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from drcredit.scoring.replay import pooled_sensitivity, replay_group
+from drcredit.scoring.results.replay import pooled_sensitivity, replay_group
 from drcredit.storage import models as m
 
 #: The paper's displayed settings, each against the group's own parameters.

@@ -32,7 +32,8 @@ from drcredit.judges.base import (
     SnippetJudgeRequest,
     VisitJudgeRequest,
 )
-from drcredit.scoring.outcomes import (
+from drcredit.scoring.priority import PrioritySlots
+from drcredit.scoring.results.outcomes import (
     CITATION,
     RUBRIC,
     answer_index,
@@ -41,7 +42,6 @@ from drcredit.scoring.outcomes import (
     page_evidence,
     planned_calls,
 )
-from drcredit.scoring.priority import PrioritySlots
 
 #: Added to an audit call's priority (the calls its chain has left): below any training call.
 AUDIT_PRIORITY = -1_000_000

@@ -33,11 +33,11 @@ from drcredit.domain.advantages import group_advantages
 from drcredit.domain.credit import group_credits
 from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit.domain.group import GroupContent
-from drcredit.scoring.aggregation import judgments_of
-from drcredit.scoring.content import outlined_content, params_of
 from drcredit.scoring.engine import Engine
 from drcredit.scoring.errors import NotFound, NotReady
-from drcredit.scoring.outcomes import group_breakdowns
+from drcredit.scoring.intake.content import outlined_content, params_of
+from drcredit.scoring.results.aggregation import judgments_of
+from drcredit.scoring.results.outcomes import group_breakdowns
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database

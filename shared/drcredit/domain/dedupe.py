@@ -24,7 +24,7 @@ Digest = Callable[[object], str]
 
 def json_digest(value: object) -> str:
     """The signature of ``value``: BLAKE2b of its compact UTF-8 JSON. The service hashes
-    the same bytes made by orjson (``scoring.content.request_digest``), which is ~30x
+    the same bytes made by orjson (``scoring.intake.content.request_digest``), which is ~30x
     faster; this is the reference it must equal."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()

@@ -3,17 +3,17 @@
 :class:`Pipeline` wires the parts over one database, one judge and one dispatcher, and
 forwards to them; it holds no logic of its own. Where each step lives:
 
-- :mod:`~drcredit.scoring.ingest` and :mod:`~drcredit.scoring.planning`: groups, batches
+- :mod:`~drcredit.scoring.intake.ingest` and :mod:`~drcredit.scoring.intake.planning`: groups, batches
   and streamed rollouts stored, and their work units planned;
-- :mod:`~drcredit.scoring.lifecycle`: units claimed under a lease, run, released;
-  :mod:`~drcredit.scoring.recovery`: lost work found again;
-- :mod:`~drcredit.scoring.unit_kinds`: what a unit of each kind does
-  (:mod:`~drcredit.scoring.visit_chain`, :mod:`~drcredit.scoring.snippet_unit`,
-  :mod:`~drcredit.scoring.outcome_unit`), through :class:`~drcredit.scoring.unit_context.UnitContext`;
-- :mod:`~drcredit.scoring.judging`: judge calls, each distinct request once per group;
-- :mod:`~drcredit.scoring.writes` and :mod:`~drcredit.scoring.snippet_release`: every
+- :mod:`~drcredit.scoring.work.lifecycle`: units claimed under a lease, run, released;
+  :mod:`~drcredit.scoring.work.recovery`: lost work found again;
+- :mod:`~drcredit.scoring.work.unit_kinds`: what a unit of each kind does
+  (:mod:`~drcredit.scoring.work.visit_chain`, :mod:`~drcredit.scoring.work.snippet_unit`,
+  :mod:`~drcredit.scoring.work.outcome_unit`), through :class:`~drcredit.scoring.work.unit_context.UnitContext`;
+- :mod:`~drcredit.scoring.work.judging`: judge calls, each distinct request once per group;
+- :mod:`~drcredit.scoring.work.writes` and :mod:`~drcredit.scoring.work.snippet_release`: every
   answer stored, units finished, waiting snippet calls decided, the aggregation flip;
-- :mod:`~drcredit.scoring.aggregation`: credits and advantages, or the group's failure.
+- :mod:`~drcredit.scoring.results.aggregation`: credits and advantages, or the group's failure.
 """
 
 from __future__ import annotations
@@ -29,22 +29,22 @@ from drcredit.domain.group import GroupIn, Rollout
 from drcredit.domain.limits import Limits
 from drcredit.domain.usage import JudgePrice
 from drcredit.judges.base import Judge
-from drcredit.scoring import recovery
-from drcredit.scoring.aggregation import Aggregator
-from drcredit.scoring.content import Dumped
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import Engine
-from drcredit.scoring.events import GroupEvents
-from drcredit.scoring.ingest import Ingest, Submitted
-from drcredit.scoring.judging import JudgeCalls
-from drcredit.scoring.leases import LeaseKeeper
-from drcredit.scoring.lifecycle import UnitLifecycle
-from drcredit.scoring.outages import JudgeOutages
-from drcredit.scoring.rollout_cache import DEFAULT_CONTENT_BUDGET, RolloutCache
-from drcredit.scoring.snippet_release import SnippetRelease
-from drcredit.scoring.unit_context import UnitContext
-from drcredit.scoring.units import UnitOutcome
-from drcredit.scoring.writes import JudgmentWriter
+from drcredit.scoring.intake.content import Dumped
+from drcredit.scoring.intake.ingest import Ingest, Submitted
+from drcredit.scoring.results.aggregation import Aggregator
+from drcredit.scoring.results.events import GroupEvents
+from drcredit.scoring.work import recovery
+from drcredit.scoring.work.judging import JudgeCalls
+from drcredit.scoring.work.leases import LeaseKeeper
+from drcredit.scoring.work.lifecycle import UnitLifecycle
+from drcredit.scoring.work.outages import JudgeOutages
+from drcredit.scoring.work.rollout_cache import DEFAULT_CONTENT_BUDGET, RolloutCache
+from drcredit.scoring.work.snippet_release import SnippetRelease
+from drcredit.scoring.work.unit_context import UnitContext
+from drcredit.scoring.work.units import UnitOutcome
+from drcredit.scoring.work.writes import JudgmentWriter
 from drcredit.storage.database import Database
 
 __all__ = ["Pipeline", "Submitted"]

@@ -21,9 +21,9 @@ from drcredit.domain.credit import RolloutPlan, snippet_decision
 from drcredit.domain.group import GroupContent, GroupIn, Rollout, VisitTurn
 from drcredit.domain.outcome import report_facts
 from drcredit.domain.outline import outline_turns
-from drcredit.scoring.content import Dumped, params_of
-from drcredit.scoring.outcomes import call_signatures, planned_calls, twin_calls
-from drcredit.scoring.snippet_release import add_skipped
+from drcredit.scoring.intake.content import Dumped, params_of
+from drcredit.scoring.results.outcomes import call_signatures, planned_calls, twin_calls
+from drcredit.scoring.work.snippet_release import add_skipped
 from drcredit.storage import models as m
 from drcredit.storage.bulk import copy_rows
 from drcredit.storage.database import utcnow

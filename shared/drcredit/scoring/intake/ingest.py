@@ -2,7 +2,7 @@
 
 Every check (size limits, validation, a ``group_id`` or ``batch_id`` taken by other
 content) runs before anything is written, and each group is stored in one transaction
-(:mod:`drcredit.scoring.planning` writes its rows), so an input is either whole or
+(:mod:`drcredit.scoring.intake.planning` writes its rows), so an input is either whole or
 absent. Posting the same content again answers with what is stored (idempotency on
 ``group_id``, ``batch_id`` and rollout ``id``); a group's units are dispatched after its
 commit, so a worker never claims a unit it cannot see.
@@ -34,11 +34,18 @@ from drcredit.domain.group import (
 )
 from drcredit.domain.limits import Limits, group_limit_problems, rollout_limit_problems
 from drcredit.judges.base import Judge
-from drcredit.scoring.content import Dumped, canonical_hash, group_differences, group_hash, params_of, request_digest
 from drcredit.scoring.dispatch import Dispatcher
 from drcredit.scoring.errors import Conflict, NotFound
-from drcredit.scoring.lifecycle import aggregate_ready, dispatch_queued
-from drcredit.scoring.planning import RolloutToStore, longest_chain, store_rollouts
+from drcredit.scoring.intake.content import (
+    Dumped,
+    canonical_hash,
+    group_differences,
+    group_hash,
+    params_of,
+    request_digest,
+)
+from drcredit.scoring.intake.planning import RolloutToStore, longest_chain, store_rollouts
+from drcredit.scoring.work.lifecycle import aggregate_ready, dispatch_queued
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database

@@ -27,8 +27,8 @@ from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import VisitVerdict
 from drcredit.judges.base import JudgeResult, VisitJudgeRequest
 from drcredit.scoring.priority import PrioritySlots
-from drcredit.scoring.unit_context import UnitContext
-from drcredit.scoring.units import Claimed, Stopping, StoreOutcome, UnitOutcome, Write, judgment_values
+from drcredit.scoring.work.unit_context import UnitContext
+from drcredit.scoring.work.units import Claimed, Stopping, StoreOutcome, UnitOutcome, Write, judgment_values
 from drcredit.storage.bulk import JudgmentRow
 from drcredit.storage.database import Database
 from drcredit.storage.histories import support_histories

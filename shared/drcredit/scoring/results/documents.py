@@ -1,7 +1,7 @@
 """The JSON documents the API and CLI return: a group's status and its advantages.
 
-The credits breakdown is :mod:`drcredit.scoring.breakdown`. Both carry the judge's usage
-(:mod:`drcredit.scoring.usage`), its ``cost_usd`` at the price given (null without one).
+The credits breakdown is :mod:`drcredit.scoring.results.breakdown`. Both carry the judge's usage
+(:mod:`drcredit.scoring.results.usage`), its ``cost_usd`` at the price given (null without one).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, selectinload
 from drcredit.domain.group import is_valid_group_id
 from drcredit.domain.usage import JudgePrice, Usage, total
 from drcredit.scoring.errors import NotFound, NotReady
-from drcredit.scoring.usage import group_usage, rollout_usage
+from drcredit.scoring.results.usage import group_usage, rollout_usage
 from drcredit.storage import models as m
 
 

@@ -18,9 +18,16 @@ from sqlalchemy import select
 
 from drcredit.domain.outcome import report_of
 from drcredit.judges.base import CitationJudgeRequest, JudgeResult, RubricJudgeRequest
-from drcredit.scoring.outcomes import OUTCOME_KINDS, RUBRIC, answer_index, citation_call, page_evidence, planned_calls
-from drcredit.scoring.unit_context import UnitContext
-from drcredit.scoring.units import Claimed, StoreOutcome, UnitOutcome, Write, judgment_values
+from drcredit.scoring.results.outcomes import (
+    OUTCOME_KINDS,
+    RUBRIC,
+    answer_index,
+    citation_call,
+    page_evidence,
+    planned_calls,
+)
+from drcredit.scoring.work.unit_context import UnitContext
+from drcredit.scoring.work.units import Claimed, StoreOutcome, UnitOutcome, Write, judgment_values
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow
 

@@ -19,7 +19,7 @@ from drcredit import metrics
 from drcredit.domain.credit import snippet_decision, visit_credit
 from drcredit.domain.params import ScoringParams
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
-from drcredit.scoring.rollout_cache import RolloutCache
+from drcredit.scoring.work.rollout_cache import RolloutCache
 from drcredit.storage import repository as repo
 from drcredit.storage.bulk import JudgmentRow, store_judgments
 from drcredit.storage.database import Database, utcnow

@@ -3,7 +3,7 @@
 One call per search turn with eligible results (docs/method.md, "Search credit"). Storing its answer
 finishes the unit in the same transaction, unless the failure policy is ``fail`` (a
 failed judgment must fail the group first). A unit may start ``waiting`` for the visits
-that decide whether it is needed (:mod:`drcredit.scoring.snippet_release`).
+that decide whether it is needed (:mod:`drcredit.scoring.work.snippet_release`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import functools
 
 from drcredit.domain.verdicts import SnippetVerdict
 from drcredit.judges.base import JudgeResult, SnippetJudgeRequest
-from drcredit.scoring.unit_context import UnitContext
-from drcredit.scoring.units import Claimed, StoreOutcome, UnitOutcome, Write, judgment_values
+from drcredit.scoring.work.unit_context import UnitContext
+from drcredit.scoring.work.units import Claimed, StoreOutcome, UnitOutcome, Write, judgment_values
 from drcredit.storage.bulk import JudgmentRow
 
 

@@ -20,9 +20,9 @@ from drcredit.domain.credit import RolloutPlan, plan_rollout
 from drcredit.domain.group import GroupContent, Rollout, Rubric
 from drcredit.domain.params import ScoringParams
 from drcredit.metrics import ROLLOUT_CACHE_BYTES
-from drcredit.scoring.content import parse_rubrics
 from drcredit.scoring.engine import Engine, Recent
 from drcredit.scoring.errors import NotFound
+from drcredit.scoring.intake.content import parse_rubrics
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database
 

@@ -3,11 +3,11 @@
 A unit is a row in ``work_units``; the broker only carries references to it. A delivery
 claims its units in one transaction (a live lease held by another delivery answers
 ``busy``; a done, cancelled or waiting unit ``noop``), reads where a redelivered unit
-left off, runs each unit's kind (:mod:`drcredit.scoring.unit_kinds`) on the engine loop,
-and keeps their leases alive (:mod:`drcredit.scoring.leases`). A unit finishes in the
-transaction that stores its last judgment (:mod:`drcredit.scoring.writes`); a process
+left off, runs each unit's kind (:mod:`drcredit.scoring.work.unit_kinds`) on the engine loop,
+and keeps their leases alive (:mod:`drcredit.scoring.work.leases`). A unit finishes in the
+transaction that stores its last judgment (:mod:`drcredit.scoring.work.writes`); a process
 that stops gives its leases back, and one that dies leaves them to expire for the
-sweeper (:mod:`drcredit.scoring.recovery`). A unit that errs ``MAX_UNIT_ATTEMPTS``
+sweeper (:mod:`drcredit.scoring.work.recovery`). A unit that errs ``MAX_UNIT_ATTEMPTS``
 times fails its group.
 """
 
@@ -26,12 +26,12 @@ from drcredit import metrics
 from drcredit.domain.group import SearchResult
 from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
-from drcredit.scoring.leases import LeaseKeeper
-from drcredit.scoring.outcomes import stored_facts
-from drcredit.scoring.unit_context import UnitContext
-from drcredit.scoring.unit_kinds import UNIT_KINDS
-from drcredit.scoring.units import Claimed, Stopping, UnitOutcome
-from drcredit.scoring.visit_chain import stored_state
+from drcredit.scoring.results.outcomes import stored_facts
+from drcredit.scoring.work.leases import LeaseKeeper
+from drcredit.scoring.work.unit_context import UnitContext
+from drcredit.scoring.work.unit_kinds import UNIT_KINDS
+from drcredit.scoring.work.units import Claimed, Stopping, UnitOutcome
+from drcredit.scoring.work.visit_chain import stored_state
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database, aware, retry_lock_conflicts, utcnow

@@ -21,10 +21,10 @@ from drcredit.domain.errors import FieldError, InvalidInput, errors_from_pydanti
 from drcredit.domain.group import GroupContent
 from drcredit.domain.params import JUDGMENT_PARAMETERS, ScoringParams
 from drcredit.domain.sensitivity import Sensitivity, compare, worst_case
-from drcredit.scoring.aggregation import judgments_of
-from drcredit.scoring.content import outlined_content, params_of
-from drcredit.scoring.documents import require_done
-from drcredit.scoring.outcomes import group_breakdowns
+from drcredit.scoring.intake.content import outlined_content, params_of
+from drcredit.scoring.results.aggregation import judgments_of
+from drcredit.scoring.results.documents import require_done
+from drcredit.scoring.results.outcomes import group_breakdowns
 from drcredit.storage import models as m
 
 

@@ -26,9 +26,9 @@ from drcredit.domain.usage import JudgePrice, Usage
 from drcredit.domain.verdicts import RejectedMatch, ScoreVerdict, SnippetMatch, SnippetVerdict, VisitVerdict
 from drcredit.judges.base import JudgeResult
 from drcredit.scoring.engine import Engine
-from drcredit.scoring.outages import JudgeOutages
-from drcredit.scoring.outcomes import OUTCOME_KINDS
-from drcredit.scoring.units import Stopping
+from drcredit.scoring.results.outcomes import OUTCOME_KINDS
+from drcredit.scoring.work.outages import JudgeOutages
+from drcredit.scoring.work.units import Stopping
 from drcredit.storage import models as m
 from drcredit.storage.database import Database, rows_changed, utcnow
 

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from drcredit.scoring.documents import require_done
+from drcredit.scoring.results.documents import require_done
 from drcredit.storage import models as m
 from drcredit.storage.histories import support_histories
 

@@ -17,8 +17,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import aliased
 
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
-from drcredit.scoring.lifecycle import aggregate_ready, dispatch_queued
-from drcredit.scoring.snippet_release import SnippetRelease
+from drcredit.scoring.work.lifecycle import aggregate_ready, dispatch_queued
+from drcredit.scoring.work.snippet_release import SnippetRelease
 from drcredit.storage import models as m
 from drcredit.storage.database import Database, rows_changed, utcnow
 

@@ -1,7 +1,7 @@
 """The end of a group: credits and advantages from its stored judgments, or its failure.
 
 Aggregation runs once per group, after the exactly-once flip of ``groups.aggregation``
-(see :mod:`drcredit.scoring.writes`); the group row lock makes a duplicate delivery a
+(see :mod:`drcredit.scoring.work.writes`); the group row lock makes a duplicate delivery a
 no-op. The math is the pure core's (:mod:`drcredit.domain.credit`,
 :mod:`drcredit.domain.advantages`); this module reads its inputs and stores its results.
 """
@@ -19,11 +19,11 @@ from drcredit.domain.advantages import GroupAdvantages, group_advantages
 from drcredit.domain.credit import Judgments, RolloutCredits, group_credits
 from drcredit.domain.group import GroupContent
 from drcredit.domain.usage import JudgePrice
-from drcredit.scoring import documents
-from drcredit.scoring.content import outlined_rollouts, parse_rubrics
-from drcredit.scoring.events import GroupEvents, announce_final
-from drcredit.scoring.outcomes import breakdown_json, group_breakdowns
-from drcredit.scoring.rollout_cache import RolloutCache
+from drcredit.scoring.intake.content import outlined_rollouts, parse_rubrics
+from drcredit.scoring.results import documents
+from drcredit.scoring.results.events import GroupEvents, announce_final
+from drcredit.scoring.results.outcomes import breakdown_json, group_breakdowns
+from drcredit.scoring.work.rollout_cache import RolloutCache
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database, aware, rows_changed, utcnow

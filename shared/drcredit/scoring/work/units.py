@@ -3,7 +3,7 @@
 A unit kind (a visit chain, a snippet call, an outcome judgment) is a coroutine that
 takes a :class:`Claimed` unit, makes its judge calls and stores each answer as a
 :class:`Write` through the batch writer, under the unit's lease (see
-:mod:`drcredit.scoring.unit_kinds`).
+:mod:`drcredit.scoring.work.unit_kinds`).
 """
 
 from __future__ import annotations

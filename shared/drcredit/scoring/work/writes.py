@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 from drcredit.scoring.dispatch import Dispatcher
 from drcredit.scoring.engine import BatchWriter, Engine
-from drcredit.scoring.leases import LeaseKeeper
-from drcredit.scoring.snippet_release import SnippetRelease
-from drcredit.scoring.units import StoreOutcome, Write
+from drcredit.scoring.work.leases import LeaseKeeper
+from drcredit.scoring.work.snippet_release import SnippetRelease
+from drcredit.scoring.work.units import StoreOutcome, Write
 from drcredit.storage import repository as repo
 from drcredit.storage.bulk import store_judgments
 from drcredit.storage.database import Database, is_connection_error, retry_lock_conflicts, utcnow

@@ -1,7 +1,7 @@
 """The outcome half of a group (docs/method.md, "Outcome reward"): planning, stored judgments, rewards.
 
 With ``outcome_source: judge`` every rollout with a report gets one ``outcome`` unit
-(drcredit.scoring.outcome_unit) that judges the report against each rubric with a
+(drcredit.scoring.work.outcome_unit) that judges the report against each rubric with a
 non-zero weight and each scoreable citation claim against its pages. This module holds
 what ingest, aggregation, replay and the documents share: which calls a rollout needs,
 how its judgments are keyed, and the reward computed from them (pure math in
@@ -27,7 +27,7 @@ from drcredit.domain.outcome import (
     report_of,
 )
 from drcredit.domain.params import ScoringParams
-from drcredit.scoring.content import request_digest
+from drcredit.scoring.intake.content import request_digest
 from drcredit.storage import models as m
 
 RUBRIC, CITATION = "rubric", "citation"

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from drcredit.judges.base import Judge
 from drcredit.scoring.engine import Engine
-from drcredit.scoring.judging import JudgeCalls
-from drcredit.scoring.rollout_cache import RolloutCache
-from drcredit.scoring.snippet_release import SnippetRelease
-from drcredit.scoring.writes import JudgmentWriter
+from drcredit.scoring.work.judging import JudgeCalls
+from drcredit.scoring.work.rollout_cache import RolloutCache
+from drcredit.scoring.work.snippet_release import SnippetRelease
+from drcredit.scoring.work.writes import JudgmentWriter
 from drcredit.storage.database import Database
 
 

@@ -1,0 +1,1 @@
+"""What comes in: a group or rollout checked and stored once, its work planned."""

@@ -1,0 +1,1 @@
+"""What comes out: aggregation into credits and advantages, the documents, replay and usage."""
