@@ -43,6 +43,7 @@ from bench.baseline import score_step
 from bench.paths import critical_path_calls
 from bench.platform import REDIS, Proc, Stack, free_port, fresh_database, plain_env, start_judge, start_plain
 from bench.repeat import one_run, renamed, summary
+from drcredit.judges.fleet.health import PROBE_MAX_S
 
 CONDITIONS = ("backlog", "rate", "rate-headers", "replicas", "slow", "audit")
 
@@ -163,6 +164,8 @@ def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[st
                         stack.procs.remove(judge_procs[0])
                         start_judge(stack, args.latency, args.sigma, flags[0], ports[0])
                         judge_procs[0] = stack.procs[-1]
+                        # Each worker's health check finds it within its longest interval.
+                        time.sleep(PROBE_MAX_S + 1.0)
                     reset(judges)
                     killer = None
                     if condition == "replicas":

@@ -70,6 +70,33 @@ def test_a_slow_replica_receives_less() -> None:
     assert slow.count() < 0.3 * (fast.count() + slow.count()), (fast.count(), slow.count())
 
 
+def test_the_most_urgent_calls_wait_for_the_fast_replica() -> None:
+    """A replica four times slower takes only calls deep in the queue: the chains with
+    the most calls left never wait for it."""
+    fast_cfg = {"url": "FAST", "max_concurrency": 2}
+    slow_cfg = {"url": "SLOW", "max_concurrency": 8}
+    with running_judge(delayed(0.1)) as fast, running_judge(delayed(0.4)) as slow:
+        config = json.dumps([fast_cfg, slow_cfg]).replace("FAST", fast.url).replace("SLOW", slow.url)
+        judge = judge_of(config)
+
+        async def run() -> None:
+            async def call(priority: int, prior: str) -> None:
+                CALL_PRIORITY.set(priority)
+                await judge.ajudge_visit(visit_request(prior=(prior,)))
+
+            await asyncio.gather(*(call(0, f"learn {i}") for i in range(30)))  # both latencies known
+            # the most urgent first: under a rule that fills any free place, p28 onward
+            # would go to the slow replica while p30 and p29 hold the fast one
+            await asyncio.gather(*(call(p, f"p{p}") for p in range(30, 0, -1)))
+            await judge.aclose()
+
+        asyncio.run(run())
+    on_slow = {c.document["support_already_credited"][0] for c in slow.calls}
+    ranked = [f"p{p}" for p in range(30, 0, -1)]
+    assert not on_slow & set(ranked[:6]), sorted(on_slow)
+    assert on_slow & set(ranked), "the slow replica took none of the queue"
+
+
 def test_an_endpoint_killed_mid_batch_moves_its_calls_without_spending_attempts(tmp_path: Path) -> None:
     with judge_process(tmp_path, delay=0.3) as a, judge_process(tmp_path, delay=0.3) as b:
 

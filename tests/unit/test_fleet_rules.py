@@ -2,8 +2,8 @@
 
 Endpoints as configured, the learned limit (slow start, additive increase, cuts once
 per round, caps), latency inflation, rate pacing (GCRA reservations and refunds), what
-rate-limit headers say, the rate inferred from 429s, an endpoint's own breaker, the
-demand split between processes and the pace of new connections.
+rate-limit headers say, the rate inferred from 429s, an endpoint's own breaker, where
+a call goes, the demand split between processes and the pace of new connections.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from drcredit.judges.fleet import limits, rates, transport
 from drcredit.judges.fleet.endpoints import DEFAULT_BASE_URL, EndpointConfig, parse_endpoints
 from drcredit.judges.fleet.health import FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
 from drcredit.judges.fleet.limits import LatencyWatch, LimitState
+from drcredit.judges.fleet.router import Fleet
 from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
 from drcredit.judges.fleet.transport import PACE_CUT, ConnectPacer
 
@@ -93,6 +94,14 @@ def test_a_push_back_cuts_the_limit_once_per_round() -> None:
     # A call sent before that cut pushes back too: the round was read already.
     assert limits.cut(cut, 3, limits.ERROR_CUT) == cut
     assert limits.cut(cut, 4, limits.ERROR_CUT).limit == pytest.approx(49)
+
+
+def test_an_endpoint_back_from_an_outage_resumes_slow_start_in_a_new_round() -> None:
+    state = limits.cut(limits.cut(LimitState(limit=100.0), 0, 0.7), 1, 0.7)  # 49, past slow start
+    back = limits.relearned(state)
+    assert (back.limit, back.ssthresh, back.epoch) == (49.0, math.inf, 3)
+    assert limits.grow(back, 10).limit == 59.0  # one more per answer again
+    assert limits.cut(back, 2, 0.7) == back  # a call sent during the outage cuts nothing
 
 
 def test_the_limit_never_falls_below_one_nor_rises_above_its_cap() -> None:
@@ -213,6 +222,55 @@ def test_an_answer_between_failures_resets_the_count() -> None:
     health.failed("x", 0.0, probe=False)
     health.answered()
     assert not health.failed("x", 0.0, probe=False) and health.up
+
+
+# ----------------------------------------------------------------------------- routing
+
+
+def _fleet(*paces: float, cap: int = 2) -> Fleet:
+    """Endpoints of the given latencies, ``cap`` places each, in one process."""
+    fleet = Fleet([EndpointConfig(f"http://judge-{i}/v1", max_concurrency=cap) for i in range(len(paces))])
+    for e, pace in zip(fleet.endpoints, paces, strict=True):
+        e.latency.ewma = pace
+    return fleet
+
+
+def test_a_call_goes_where_latency_times_load_over_share_is_least() -> None:
+    fleet = _fleet(1.0, 1.0)
+    # equal replicas: 1 x (1 + 0/2) ties (the first), then 1 x (1 + 1/2) > 1 (the second)
+    placed = [fleet._place(frozenset(), False) for _ in range(4)]
+    assert [lease.endpoint.url if lease else None for lease in placed] == [
+        "http://judge-0/v1",
+        "http://judge-1/v1",
+        "http://judge-0/v1",
+        "http://judge-1/v1",
+    ]
+    assert fleet._place(frozenset(), False) is None  # both full: wait
+
+
+def test_a_slow_replica_takes_a_call_only_when_waiting_for_the_fast_one_is_longer() -> None:
+    fleet = _fleet(1.0, 3.0)
+    fast, slow = fleet.endpoints
+    assert [fleet._place(frozenset(), False).endpoint for _ in range(2)] == [fast, fast]  # type: ignore[union-attr]
+    # fast full: 1 x (1 + (2 + ahead) / 2) against the slow one's 3 x (1 + 0/2) = 3
+    assert fleet._place(frozenset(), False, ahead=0) is None  # 2 < 3
+    assert fleet._place(frozenset(), False, ahead=2) is None  # 3, not less than 3: a tie waits
+    lease = fleet._place(frozenset(), False, ahead=3)  # 3.5 > 3
+    assert lease is not None and lease.endpoint is slow
+
+
+def test_a_weight_divides_an_endpoints_expected_time() -> None:
+    fleet = Fleet([EndpointConfig("http://a/v1", max_concurrency=4), EndpointConfig("http://b/v1", weight=2.0)])
+    a, b = fleet.endpoints
+    a.latency.ewma, b.latency.ewma = 1.0, 1.5
+    lease = fleet._place(frozenset(), False)
+    assert lease is not None and lease.endpoint is b  # 1.5 / 2 < 1
+
+
+def test_a_call_excluding_the_fast_endpoint_takes_the_slow_one() -> None:
+    fleet = _fleet(1.0, 3.0)
+    lease = fleet._place(frozenset({"http://judge-0/v1"}), False)
+    assert lease is not None and lease.endpoint.url == "http://judge-1/v1"
 
 
 # ----------------------------------------------------------------------------- sharing

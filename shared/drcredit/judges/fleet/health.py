@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 FAILURES_TO_OPEN = 3
 PROBE_INITIAL_S = 0.5
-PROBE_MAX_S = 5.0
+PROBE_MAX_S = 2.0
 
 
 class EndpointHealth:

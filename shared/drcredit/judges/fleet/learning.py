@@ -123,6 +123,9 @@ class Learning:
     def _notify(self, e: Endpoint, up: bool) -> None:
         if up:
             log.warning("judge endpoint %s back in the rotation", e.url)
+            e.record = replace(e.record, limit=limits.relearned(e.record.limit))
+            e.grown = 0.0
+            self._background_update(e, lambda r: replace(r, limit=limits.relearned(r.limit)))
         for listener in self.listeners:
             try:
                 listener(e, up)

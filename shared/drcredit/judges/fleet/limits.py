@@ -81,6 +81,14 @@ def cut(state: LimitState, sent_epoch: int, factor: float) -> LimitState:
     return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1)
 
 
+def relearned(state: LimitState) -> LimitState:
+    """The endpoint is back after an outage: it may be a new server, and the cuts its
+    outage caused say little of its capacity, so slow start resumes (the limit doubles
+    per round again until it first pushes back), in a new round (answers to calls sent
+    before cannot cut it)."""
+    return replace(state, ssthresh=math.inf, epoch=state.epoch + 1)
+
+
 def capped(state: LimitState, cap: float | None) -> LimitState:
     """A declared capacity (server slots, operator's max): the limit never exceeds it."""
     if cap == state.cap:

@@ -5,13 +5,15 @@ share of its learned limit (:mod:`~drcredit.judges.fleet.limits`, shared through
 :mod:`~drcredit.judges.fleet.store`), and a waiting call is handed the next free place
 in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has to make:
 the step's longest chains first), arrival order among equals. A call goes to the
-endpoint that would answer it soonest: the least ``(in flight + 1) x its latency /
-weight`` among those with room, so a slow replica gets less. Endpoints out of the
-rotation (:mod:`~drcredit.judges.fleet.health`) are probed by a health check in the
-background and rejoin when it is answered; a call whose candidates are all out fails at
-once with :class:`AllEndpointsDown`, which the judge's retry loop and breaker turn into
-the outage wait (whose own probe call may go to an endpoint out of the rotation). Calls are paced under the
-endpoints' rate limits and the operator's ``DRCREDIT_JUDGE_RPM`` / ``_TPM``
+endpoint that would answer it soonest: the least ``latency x (1 + load / share) /
+weight``, where the load of a full endpoint counts the calls ahead of this one; a call
+waits when that endpoint is full, so a slow replica gets only the calls that would wait
+longer for a fast one (the least urgent). Endpoints out of the rotation
+(:mod:`~drcredit.judges.fleet.health`) are probed by a health check in the background
+and rejoin when it is answered; a call whose candidates are all out fails at once with
+:class:`AllEndpointsDown`, which the judge's retry loop and breaker turn into the outage
+wait (whose own probe call may go to an endpoint out of the rotation). Calls are paced
+under the endpoints' rate limits and the operator's ``DRCREDIT_JUDGE_RPM`` / ``_TPM``
 (:mod:`~drcredit.judges.fleet.rates`) before they are sent.
 """
 
@@ -130,24 +132,44 @@ class Fleet(Learning, Sharing):
             for e in self.endpoints
         )
 
-    def _place(self, exclude: frozenset[str], force_probe: bool) -> Lease | None:
-        """Take a place for a call now, or None when it must wait."""
-        now = self._clock()
+    def _place(self, exclude: frozenset[str], force_probe: bool, ahead: int = 0) -> Lease | None:
+        """Take a place for a call now, or None when it should wait.
+
+        ``ahead``: plain calls placed before this one. Each endpoint is scored by when it
+        would answer, :meth:`_expected`; a call waits when the best is full, so a slow
+        replica takes a call only once waiting for the fast one would take longer.
+        """
         if force_probe:
             for e in self.endpoints:
                 if e.url not in exclude and not e.health.up and not e.health.probing:
                     e.health.start_probe()
                     return self._lease(e, probe=True)
+        best = self._choose(exclude, ahead)
+        return None if best is None else self._lease(best, probe=False)
+
+    def _choose(self, exclude: frozenset[str], ahead: int) -> Endpoint | None:
+        """The endpoint with room a call should take now; None: it should wait."""
+        now = self._clock()
         best: Endpoint | None = None
-        best_cost = math.inf
+        best_time = math.inf
         fallback = self._typical_pace()
         for e in self.endpoints:
-            if e.url in exclude or not e.health.up or e.cool_until > now or e.in_flight >= e.share:
+            if e.url in exclude or not e.health.up or e.cool_until > now:
                 continue
-            cost = (e.in_flight + 1) * e.pace(fallback) / e.config.weight
-            if cost < best_cost:
-                best, best_cost = e, cost
-        return None if best is None else self._lease(best, probe=False)
+            expected = self._expected(e, ahead, fallback)
+            if expected < best_time:
+                best, best_time = e, expected
+        return None if best is None or best.in_flight >= best.share else best
+
+    @staticmethod
+    def _expected(e: Endpoint, ahead: int, fallback: float) -> float:
+        """Roughly when ``e`` would answer a call with ``ahead`` calls placed before it:
+        ``latency x (1 + load / share) / weight``, the load being its
+        calls in flight plus, when it is full, those ahead (they take its next places).
+        The load term spreads calls over equal replicas and moves them off a busy one
+        before its latency shows it."""
+        load = e.in_flight + (ahead if e.in_flight >= e.share else 0)
+        return e.pace(fallback) * (1.0 + load / e.share) / e.config.weight
 
     def _typical_pace(self) -> float:
         known = [e.latency.ewma for e in self.endpoints if e.latency.ewma is not None]
@@ -159,7 +181,9 @@ class Fleet(Learning, Sharing):
 
     def _dispatch(self) -> None:
         """Hand free places to waiting calls: retries and probes first, then the plain
-        calls by priority until one finds no room (then none below would either)."""
+        calls by priority. When the most urgent call waits for a full endpoint, a place
+        left on a slower one goes to the least urgent call that would be answered sooner
+        there than by waiting."""
         kept = [w for w in self._special if not self._serve(w)]
         heapq.heapify(kept)
         self._special = kept
@@ -168,7 +192,24 @@ class Fleet(Learning, Sharing):
             if not self._serve(waiter):
                 break
             heapq.heappop(self._waiters)
+        while len(self._waiters) > 1 and self._serve_last():
+            pass
         self._arm_timer()
+
+    def _serve_last(self) -> bool:
+        """Place the least urgent plain call if an endpoint with room would answer it
+        before its turn on the endpoint the others wait for."""
+        endpoint = self._choose(frozenset(), ahead=len(self._waiters) - 1)
+        if endpoint is None:
+            return False
+        last = max(range(len(self._waiters)), key=lambda i: self._waiters[i].rank)
+        waiter = self._waiters[last]
+        self._waiters[last] = self._waiters[-1]
+        self._waiters.pop()
+        heapq.heapify(self._waiters)
+        if not waiter.future.done():
+            waiter.future.set_result(self._lease(endpoint, probe=False))
+        return True
 
     def _serve(self, waiter: Waiter) -> bool:
         """Place a waiting call, or fail it when nothing can take it; False: it waits on."""
