@@ -5,10 +5,11 @@ share of its learned limit (:mod:`~drcredit.judges.fleet.limits`, shared through
 :mod:`~drcredit.judges.fleet.store`), and a waiting call is handed the next free place
 in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has to make:
 the step's longest chains first), arrival order among equals. A call goes to the
-endpoint that would answer it soonest: the least ``latency x (1 + load / share) /
-weight``, where the load of a full endpoint counts the calls ahead of this one; a call
-waits when that endpoint is full, so a slow replica gets only the calls that would wait
-longer for a fast one (the least urgent). Endpoints out of the rotation
+endpoint that would answer it soonest: the least ``latency x (1 + load / scale) /
+weight``, where the load of a full endpoint counts the calls ahead of this one and the
+scale is the largest share among the candidates; a call waits when that endpoint is
+full, so a slow replica gets only the calls that would wait longer for a fast one (the
+least urgent). Endpoints out of the rotation
 (:mod:`~drcredit.judges.fleet.health`) are probed by a health check in the background
 and rejoin when it is answered; a call whose candidates are all out fails at once with
 :class:`AllEndpointsDown`, which the judge's retry loop and breaker turn into the outage
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-import math
 import os
 import socket
 import time
@@ -150,26 +150,31 @@ class Fleet(Learning, Sharing):
     def _choose(self, exclude: frozenset[str], ahead: int) -> Endpoint | None:
         """The endpoint with room a call should take now; None: it should wait."""
         now = self._clock()
-        best: Endpoint | None = None
-        best_time = math.inf
+        candidates = [e for e in self.endpoints if e.url not in exclude and e.health.up and e.cool_until <= now]
+        if not candidates:
+            return None
+        scale = max(e.share for e in candidates)
         fallback = self._typical_pace()
-        for e in self.endpoints:
-            if e.url in exclude or not e.health.up or e.cool_until > now:
-                continue
-            expected = self._expected(e, ahead, fallback)
-            if expected < best_time:
-                best, best_time = e, expected
-        return None if best is None or best.in_flight >= best.share else best
+        best = min(candidates, key=lambda e: self._expected(e, ahead, fallback, scale))
+        return None if best.in_flight >= best.share else best
 
     @staticmethod
-    def _expected(e: Endpoint, ahead: int, fallback: float) -> float:
-        """Roughly when ``e`` would answer a call with ``ahead`` calls placed before it:
-        ``latency x (1 + load / share) / weight``, the load being its
-        calls in flight plus, when it is full, those ahead (they take its next places).
-        The load term spreads calls over equal replicas and moves them off a busy one
-        before its latency shows it."""
-        load = e.in_flight + (ahead if e.in_flight >= e.share else 0)
-        return e.pace(fallback) * (1.0 + load / e.share) / e.config.weight
+    def _expected(e: Endpoint, ahead: int, fallback: float, scale: int) -> float:
+        """Roughly when ``e`` would answer a call with ``ahead`` calls placed before it,
+        in units of its latency over its weight.
+
+        With room: ``1 + in_flight / scale``. The load term spreads calls over equal
+        replicas and moves them off a busy one before its latency shows it; its scale is
+        common to the candidates (the largest share), not each one's own, so a replica
+        whose learned limit is still small (new, or back from an outage) takes its equal
+        part of the calls until it is full, is busy and grows, instead of a part in
+        proportion to its small limit that would never make it busy. Full: ``1 +
+        (in_flight + ahead) / share``, a round for each share of calls before this one
+        (those ahead take its next places).
+        """
+        full = e.in_flight >= e.share
+        rounds = 1.0 + (e.in_flight + ahead) / e.share if full else 1.0 + e.in_flight / scale
+        return e.pace(fallback) * rounds / e.config.weight
 
     def _typical_pace(self) -> float:
         known = [e.latency.ewma for e in self.endpoints if e.latency.ewma is not None]
