@@ -14,6 +14,7 @@ with ``total_slots``).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -127,7 +128,14 @@ def _wait_healthy(server: LlamaServer) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError(f"llama-server exited ({server.process.returncode}): {server.log.read_text()[-2000:]}")
+            code = server.process.returncode
+            why = (
+                " (SIGILL: the build uses CPU instructions this machine lacks; scripts/test pins a"
+                " build that needs only AVX2)"
+                if code == -signal.SIGILL
+                else ""
+            )
+            raise RuntimeError(f"llama-server exited ({code}){why}: {server.log.read_text()[-2000:]}")
         try:
             if httpx.get(server.root + "/health", timeout=2).status_code == 200:
                 return
