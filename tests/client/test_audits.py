@@ -29,7 +29,8 @@ FAST = {"max_attempts": 3, "backoff_initial": 0.01, "backoff_max": 0.02}
 
 
 def slow(call: Call) -> Reply:
-    return Reply.json(marker_answer(call), delay=1.5)
+    # long enough that a loaded machine cannot finish the audit between the test's two looks
+    return Reply.json(marker_answer(call), delay=4.0)
 
 
 @pytest.fixture
