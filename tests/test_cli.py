@@ -7,6 +7,7 @@ in one module fixture and the tests read their results.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -304,28 +305,43 @@ def test_score_help_documents_its_options(tmp_path: Path) -> None:
     assert re.search(r"--params +<str> +JSON object", out), out  # an option with a value keeps its type
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        [],
-        ["score"],
-        ["serve"],
-        ["worker"],
-        ["report"],
-        ["db"],
-        ["db", "upgrade"],
-        ["audit"],
-        ["audit", "start"],
-        ["audit", "show"],
-        ["audit", "list"],
-    ],
-)
+HELP_PAGES = [
+    [],
+    ["score"],
+    ["serve"],
+    ["worker"],
+    ["report"],
+    ["trial"],
+    ["db"],
+    ["db", "upgrade"],
+    ["audit"],
+    ["audit", "start"],
+    ["audit", "show"],
+    ["audit", "list"],
+]
+
+
+@pytest.mark.parametrize("command", HELP_PAGES)
 def test_no_help_page_shows_a_value_for_a_flag(command: list[str]) -> None:
     """Every command's --help, its own flags and --help itself included, shows no <bool>."""
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "--help" in result.output and "Show this message and exit." in result.output
     assert "<bool>" not in result.output, result.output
+
+
+@pytest.mark.parametrize("command", HELP_PAGES)
+def test_help_prose_fills_an_80_column_terminal(command: list[str]) -> None:
+    """A description paragraph wraps at the terminal's width: no line but a paragraph's
+    last is left short (the source's own line breaks kept would leave a word or two alone
+    on every other line)."""
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    prose = result.output.split("Usage:", 1)[1].split("╭", 1)[0].splitlines()[1:]
+    lines = [line.strip() for line in prose]
+    for line, following in itertools.pairwise(lines):
+        if line and following:  # not a paragraph's last line
+            assert len(line) > 50, f"{line!r} then {following!r} in:\n{result.output}"
 
 
 # ----------------------------------------------------------------------------- serve
@@ -381,3 +397,15 @@ def test_report_of_an_unknown_run_names_the_known_ones(tmp_path: Path) -> None:
     known = finish(start(data, "report", "run", "demo", "-o", str(tmp_path / "demo.html")))
     assert known.returncode == 0, known.stderr
     assert "wrote" in known.stderr and (tmp_path / "demo.html").stat().st_size > 0
+
+
+def test_report_without_a_database_says_where_to_read_from_and_creates_nothing(tmp_path: Path) -> None:
+    """Where no service ever stored anything (scripts/demo keeps nothing), the report says
+    how to point it at the data instead of creating an empty SQLite file and failing on it."""
+    data = tmp_path / "data"
+    missing = run(tmp_path, "report", "run", "demo", "-o", str(tmp_path / "x.html"))
+    assert_fails(missing, f"no database at {data / 'drcredit.sqlite3'}", "DRCREDIT_DATABASE_URL", "--url")
+    assert list(data.iterdir()) == [] and not (tmp_path / "x.html").exists()
+    (data / "other.sqlite3").touch()  # a file, but not a DrCredit database
+    empty = run(tmp_path, "report", "run", "demo", env={"DRCREDIT_DATABASE_URL": f"sqlite:///{data / 'other.sqlite3'}"})
+    assert_fails(empty, "has no DrCredit tables", "DRCREDIT_DATABASE_URL", "--url")

@@ -10,7 +10,8 @@ import httpx
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import make_url
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.settings import Settings
@@ -46,6 +47,7 @@ def report(
             from drcredit.storage.database import Database
 
             settings = Settings()
+            _check_database(settings.resolved_database_url)
             db = Database(settings.resolved_database_url, 2)
             try:
                 html = _html(kind, name, database_fetch(db, tenant, kind, name, settings.judge_price))
@@ -53,10 +55,32 @@ def report(
                 db.dispose()
     except (LookupError, NotFound, NotReady, ValidationError) as exc:
         _fail(str(exc))
-    except (httpx.HTTPError, OperationalError) as exc:
+    except (OperationalError, ProgrammingError) as exc:
+        first = str(exc).splitlines()[0]
+        if "no such table" in first or "UndefinedTable" in first:
+            _fail(f"the database {_shown(Settings().resolved_database_url)} has no DrCredit tables: {WHERE_FROM}", 3)
+        _fail(f"cannot read the {kind}: {first}", 3)
+    except httpx.HTTPError as exc:
         _fail(f"cannot read the {kind}: {str(exc).splitlines()[0]}", 3)
     output.write_text(html)
     err.print(f"wrote {output} ({len(html) // 1024} KiB)")
+
+
+WHERE_FROM = (
+    "point DRCREDIT_DATABASE_URL at the service's database, or read a running service with --url"
+    " (scripts/demo and drcredit score keep nothing)"
+)
+
+
+def _shown(database_url: str) -> str:
+    return make_url(database_url).render_as_string(hide_password=True)
+
+
+def _check_database(database_url: str) -> None:
+    """Refuse a SQLite file that is not there, rather than create an empty one and fail on it."""
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+        _fail(f"no database at {url.database}: {WHERE_FROM}", 3)
 
 
 def _html(kind: str, name: str, fetch: Fetch) -> str:

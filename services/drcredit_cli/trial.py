@@ -12,6 +12,8 @@ gives in-process.
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -99,8 +101,10 @@ def _summary(base: str, stack: Stack, group_ids: list[str], keep: bool) -> None:
     say(f"  database   {stack.database} ({'kept' if keep else 'dropped'} when the trial stops)")
     own = " (a redis-server of the trial's own)" if stack.redis is not None else ""
     say(f"  broker     {stack.broker_url}{own}")
+    judge = "offline" if not os.environ.get("DRCREDIT_AUDIT_JUDGES") else "NAME"
+    say(f"  audit      drcredit audit start --judge {judge} --group {group_ids[0]} --wait 60 --url {base}")
     say("  to run drcredit commands on this stack (another worker, a report), export:")
-    say("             " + " ".join(f"{k}={v}" for k, v in stack.settings().items()))
+    say("             " + " ".join(f"{k}={shlex.quote(v)}" for k, v in stack.settings().items()))
 
 
 def _watch(processes: list[Process]) -> None:

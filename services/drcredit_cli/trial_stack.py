@@ -25,14 +25,18 @@ from rich.console import Console
 from sqlalchemy.engine import make_url
 
 from drcredit.broker.consumers import KEY as CONSUMERS_KEY
-from drcredit.broker.queues import ALL_QUEUES, SERVICES, Service
+from drcredit.broker.queues import ALL_QUEUES, AUDITOR, SERVICES, Service
 from drcredit.storage.migrate import upgrade
 
 err = Console(stderr=True)
 
 #: Judge calls in flight and Celery threads of each worker: plenty for the examples on a
-#: laptop (a deployment's defaults are sized for a training step).
+#: laptop (a deployment's defaults are sized for a training step). Not the auditor's: its
+#: threads are audits at once, and --concurrency would cap its judge calls at them.
 CONCURRENCY = 16
+#: The audit judge of a trial whose environment names none: ``drcredit audit start --judge
+#: offline`` re-scores with the offline judge (agreeing fully with an offline trial).
+TRIAL_AUDIT_JUDGES = '{"offline": {"judge": "offline"}}'
 #: Celery's bookkeeping in Redis, besides the queues and their ``_kombu.binding*`` keys.
 KOMBU_KEYS = ("unacked", "unacked_index", "unacked_mutex")
 
@@ -156,13 +160,15 @@ class PrivateRedis:
 
 def _environment(database_url: str, broker_url: str, judge: str) -> dict[str, str]:
     """The processes' environment: this one without its DrCredit settings (a trial is
-    open and self-contained), the judge's kept with ``--judge env``."""
+    open and self-contained), the judge's kept with ``--judge env``, the audit judges
+    kept when set (else the offline one, :data:`TRIAL_AUDIT_JUDGES`)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("DRCREDIT_") or (judge == "env" and k.startswith("DRCREDIT_JUDGE"))
     }
     env.update(DRCREDIT_DATABASE_URL=database_url, DRCREDIT_BROKER_URL=broker_url)
+    env["DRCREDIT_AUDIT_JUDGES"] = os.environ.get("DRCREDIT_AUDIT_JUDGES") or TRIAL_AUDIT_JUDGES
     if judge == "offline":
         env["DRCREDIT_JUDGE"] = "offline"
     return env
@@ -174,7 +180,9 @@ def _start(service: Service, env: dict[str, str], logs: Path, api_port: int, met
         command += ["serve", "--host", "127.0.0.1", "--port", str(api_port)]
         metrics = f"http://127.0.0.1:{api_port}/metrics"
     else:
-        command += ["worker", "--queues", service.queue, "--concurrency", str(CONCURRENCY)]
+        command += ["worker", "--queues", service.queue]
+        if service.queue != AUDITOR:
+            command += ["--concurrency", str(CONCURRENCY)]
         env = {**env, "DRCREDIT_METRICS_PORT": str(metrics_port)}
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     log = logs / f"{service.compose_name}.log"
@@ -234,7 +242,11 @@ class Stack:
         """The settings the trial's processes share (its judge's, with ``--judge env``, come
         from the environment)."""
         values = {"DRCREDIT_DATABASE_URL": self.database_url or "", "DRCREDIT_BROKER_URL": self.broker_url or ""}
-        return {**values, "DRCREDIT_JUDGE": "offline"} if self.judge == "offline" else values
+        if self.judge == "offline":
+            values["DRCREDIT_JUDGE"] = "offline"
+        if not os.environ.get("DRCREDIT_AUDIT_JUDGES"):
+            values["DRCREDIT_AUDIT_JUDGES"] = TRIAL_AUDIT_JUDGES
+        return values
 
     def down(self, keep: bool) -> None:
         if self.processes:

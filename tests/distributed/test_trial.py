@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -98,7 +99,7 @@ def walk_through_a_missing_outcome_judge(
         assert time.monotonic() < deadline
         time.sleep(0.1)
     exports = printed.split("to run drcredit commands on this stack (another worker, a report), export:\n")[1]
-    env = {**os.environ, **dict(pair.split("=", 1) for pair in exports.splitlines()[0].split())}
+    env = {**os.environ, **dict(pair.split("=", 1) for pair in shlex.split(exports.splitlines()[0]))}
     with (tmp_path / "extra-worker.log").open("wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "drcredit_cli.main", "worker", "--queues", "outcome_judge", "--concurrency", "4"],
@@ -152,6 +153,14 @@ def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tm
                 viewer = {g: client.get(f"/ui/groups/{g}") for g in EXAMPLES}
                 ready = client.get("/readyz").json()
                 missing_part = walk_through_a_missing_outcome_judge(client, printed, stdout, tmp_path)
+            # The audit line the trial prints runs as printed: the trial's offline audit judge.
+            [audit_line] = re.findall(r"^  audit      (drcredit audit start .+)$", printed, re.MULTILINE)
+            audited = subprocess.run(
+                [sys.executable, "-m", "drcredit_cli.main", *shlex.split(audit_line)[1:], "--json"],
+                capture_output=True,
+                text=True,
+                env={k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")},
+            )
         finally:
             trial.send_signal(signal.SIGINT)  # what Ctrl-C sends
             code = trial.wait(90)
@@ -183,6 +192,11 @@ def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tm
     # Seven of the example's eight rollouts end with a report: one outcome unit each.
     [wait] = missing_part["waiting"]
     assert wait["queue"] == "outcome_judge" and wait["units"] == 7 and wait["since"]
+
+    # An audit on the trial: the offline judge against itself agrees on every visit.
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+    report = json.loads(audited.stdout)
+    assert report["status"] == "done" and report["agreement"]["visit"]["exact"] == 1.0, report
 
     # Ctrl-C stopped every process and dropped the database.
     assert f"database {database.group(1)} dropped" in final

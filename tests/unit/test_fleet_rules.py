@@ -17,7 +17,7 @@ import pytest
 
 from drcredit.judges.fleet import limits, rates, transport
 from drcredit.judges.fleet.endpoints import DEFAULT_BASE_URL, EndpointConfig, parse_endpoints
-from drcredit.judges.fleet.health import FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
+from drcredit.judges.fleet.health import ALIVE_WINDOW_S, FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
 from drcredit.judges.fleet.limits import LatencyWatch, LimitState
 from drcredit.judges.fleet.router import Fleet
 from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
@@ -214,15 +214,27 @@ def test_an_endpoint_leaves_the_rotation_after_consecutive_failures_and_probes_b
     assert not health.probe_due(10.0)  # one probe at a time
     assert not health.failed("refused", now=1.0, probe=True)
     assert health.next_probe == 1.0 + 2 * PROBE_INITIAL_S  # the interval doubles
-    assert health.answered() and health.up and health.failures == 0
+    assert health.answered(1.5) and health.up and health.failures == 0
 
 
 def test_an_answer_between_failures_resets_the_count() -> None:
     health = EndpointHealth()
     health.failed("x", 0.0, probe=False)
     health.failed("x", 0.0, probe=False)
-    health.answered()
+    health.answered(0.0)
     assert not health.failed("x", 0.0, probe=False) and health.up
+
+
+def test_an_endpoint_that_answered_a_moment_ago_stays_in_the_rotation() -> None:
+    # its connections time out in a flooded accept queue while other calls get answers:
+    # push-back for its limit, not an outage
+    health = EndpointHealth()
+    health.answered(10.0)
+    for _ in range(FAILURES_TO_OPEN + 5):
+        assert not health.failed("connect timeout", 10.0 + ALIVE_WINDOW_S - 0.01, probe=False)
+    assert health.up
+    # no answer for the whole window: out at the next failure
+    assert health.failed("connect timeout", 10.0 + ALIVE_WINDOW_S, probe=False) and not health.up
 
 
 # ----------------------------------------------------------------------------- routing

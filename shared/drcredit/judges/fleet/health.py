@@ -1,13 +1,18 @@
 """Whether one endpoint of the fleet takes calls: its own breaker.
 
 An endpoint that fails :data:`FAILURES_TO_OPEN` calls in a row without answering (a
-refused or dropped connection, a timeout, a 5xx) is taken out of the rotation; its calls
-go to the others. While out it is health-checked (a request of its own, not a judge
-call) at intervals growing from :data:`PROBE_INITIAL_S` to :data:`PROBE_MAX_S`; any
-answer brings it back.
-A 429 is an answer: the endpoint is alive and only asks for fewer calls
-(:mod:`drcredit.judges.fleet.limits`). Only when every endpoint is out is the judge
-unreachable, the outage the judge's own breaker (:mod:`drcredit.judges.breaker`) waits out.
+refused or dropped connection, a timeout, a 5xx), and has answered none for
+:data:`ALIVE_WINDOW_S`, is taken out of the rotation; its calls go to the others. An
+endpoint that answered a moment ago is alive: its failures then are push-back (a
+flooded accept queue timing connections out while other calls get their answers), which
+the limit answers (:mod:`drcredit.judges.fleet.limits`), not the rotation; taking it
+out would send every call it has to the outage wait when it is the last one.
+
+While out it is health-checked (a request of its own, not a judge call) at intervals
+growing from :data:`PROBE_INITIAL_S` to :data:`PROBE_MAX_S`; any answer brings it back.
+A 429 is an answer: the endpoint is alive and only asks for fewer calls. Only when every
+endpoint is out is the judge unreachable, the outage the judge's own breaker
+(:mod:`drcredit.judges.breaker`) waits out.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 FAILURES_TO_OPEN = 3
+#: An endpoint that answered within this many seconds is not taken out of the rotation.
+ALIVE_WINDOW_S = 2.0
 PROBE_INITIAL_S = 0.5
 PROBE_MAX_S = 2.0
 
@@ -33,11 +40,14 @@ class EndpointHealth:
         self._interval = PROBE_INITIAL_S
         #: Times it was taken out of the rotation.
         self.outages = 0
+        #: When it last answered (the fleet's clock; None: not yet).
+        self.answered_at: float | None = None
 
-    def answered(self) -> bool:
+    def answered(self, now: float) -> bool:
         """An answer of any kind; True when this brings the endpoint back."""
         self.failures = 0
         self.probing = False
+        self.answered_at = now
         if self.up:
             return False
         self.up, self.since, self.reason = True, datetime.now(UTC), None
@@ -57,6 +67,8 @@ class EndpointHealth:
             return False
         if self.failures < FAILURES_TO_OPEN:
             return False
+        if self.answered_at is not None and now - self.answered_at < ALIVE_WINDOW_S:
+            return False  # alive: these failures are push-back
         self.up, self.since = False, datetime.now(UTC)
         self.outages += 1
         self._interval = PROBE_INITIAL_S

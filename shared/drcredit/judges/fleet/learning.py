@@ -58,7 +58,7 @@ class Learning:
         completion (None: an error answer, which says nothing of the server's pace)."""
         e = lease.endpoint
         self._count(e, "answered")
-        if e.health.answered():
+        if e.health.answered(self._clock()):
             self._notify(e, True)
         if latency_s is None:
             return
@@ -82,7 +82,7 @@ class Learning:
         self._count(e, "rate_limited")
         e.last_429 = now
         e.refused.append(lease.sent_at)
-        if e.health.answered():
+        if e.health.answered(self._clock()):
             self._notify(e, True)
         e.cool_until = max(e.cool_until, now + (rates.wait_s if rates.wait_s is not None else DEFAULT_COOL_S))
         self._learn_rates(e, rates)

@@ -193,7 +193,7 @@ class Sharing:
         except Exception as exc:  # noqa: BLE001 - a probe that errs is a probe that failed
             problem = f"{type(exc).__name__}: {exc}"
         if problem is None:
-            if e.health.answered():
+            if e.health.answered(self._clock()):
                 self._notify(e, True)
             self._dispatch()
         else:
