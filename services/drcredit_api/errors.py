@@ -126,8 +126,11 @@ def install_handlers(app: FastAPI) -> None:
         return error_response(500, "internal error (logged)", [("", "internal error")])
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        allowed = (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allowed:
+            message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
         field = {401: "authorization", 404: "path", 405: "method"}.get(exc.status_code, "")
         return error_response(exc.status_code, message, [(field, message)], headers=exc.headers)
 

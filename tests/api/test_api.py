@@ -286,7 +286,8 @@ def test_batches(client: TestClient, marker_judge: JudgeServer) -> None:
     again = client.post("/v1/batches", json=body)
     assert again.status_code == 202 and again.json()["created"] is False and marker_judge.count() == calls
     body["groups"] = body["groups"][:1]
-    assert client.post("/v1/batches", json=body).status_code == 409
+    conflict = client.post("/v1/batches", json=body)
+    assert conflict.status_code == 409 and conflict.json()["detail"][0]["field"] == "batch_id"
     bad = client.post("/v1/batches", json={"groups": [small_group("q3"), small_group("q3")]})
     assert bad.status_code == 422 and bad.json()["detail"][0]["field"] == "groups[1].group_id"
     nested = small_group("q4")
@@ -310,12 +311,22 @@ def test_streaming_rollouts(client: TestClient, marker_judge: JudgeServer) -> No
     assert progress["judgments_done"] == progress["judgments_total"] == 8
     assert client.post("/v1/groups/g1/rollouts", json=second).json()["created"] is False
     changed = {**second, "outcome_reward": 0.9}
-    assert client.post("/v1/groups/g1/rollouts", json=changed).status_code == 409
+    conflict = client.post("/v1/groups/g1/rollouts", json=changed)
+    assert conflict.status_code == 409 and conflict.json()["detail"][0]["field"] == "id"
+    # a GET where only POST is routed says which method to use
+    wrong = client.get("/v1/groups/g1/rollouts")
+    assert wrong.status_code == 405
+    assert wrong.json()["message"] == "GET is not allowed on /v1/groups/g1/rollouts; use POST"
     missing = {"id": "c", "turns": [answer()]}
     r = client.post("/v1/groups/g1/rollouts", json=missing)
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "outcome_reward"
     third = rollout("c", visit(page("W1", "https://z.org", "[R1:1:h]")), answer(), reward=0.5)
     assert client.post("/v1/groups/g1/rollouts", json=third).status_code == 202
+    fourth = rollout("d", visit(page("W1", "https://z.org", "[R1:1:h]")), answer(), reward=0.5)
+    full = client.post("/v1/groups/g1/rollouts", json=fourth)
+    assert full.status_code == 409 and full.json()["detail"] == [
+        {"field": "group_id", "message": "group 'g1' already has all 3 rollouts (its expected_rollouts)"}
+    ]
     done = client.get("/v1/groups/g1/advantages", params={"wait": 30})
     assert done.status_code == 200 and [r["id"] for r in done.json()["rollouts"]] == ["a", "b", "c"]
     extra = rollout("d", answer(), reward=0.1)

@@ -91,9 +91,13 @@ def test_unknown_and_out_of_range_parameters() -> None:
         "params.gamma",
         "params.attribution",
         "params.history",
-        "params.visit_levels[2]",
+        "params.visit_levels",
     }
     assert "params.gamma: unknown field" in got
+    assert (
+        "params.visit_levels: must have 3 values (the credit of no, partial and full new support), got 2: [0, 0.2]"
+        in got
+    )
 
 
 def test_visit_levels_must_be_non_decreasing() -> None:
@@ -121,7 +125,9 @@ def test_unknown_turn_type() -> None:
 
 def test_group_id_pattern() -> None:
     got = problems(group_doc(*ok_rollouts(), group_id="bad id/with slash"))
-    assert got[0].startswith("group_id: String should match pattern")
+    assert got[0] == (
+        "group_id: must be 1-128 characters, each a letter, digit, '-', '_', '.' or ':' (got 'bad id/with slash')"
+    )
 
 
 def test_streaming_group_may_open_with_fewer_rollouts() -> None:

@@ -23,7 +23,13 @@ Id = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValida
 GROUP_ID_PATTERN = r"^[A-Za-z0-9\-_.:]{1,128}$"
 
 
-def _not_dots(value: str) -> str:
+_GROUP_ID_RE = re.compile(GROUP_ID_PATTERN)
+
+
+def _group_id(value: str) -> str:
+    """An id that is one URL path segment, said in words rather than as the regex."""
+    if not _GROUP_ID_RE.match(value):
+        raise ValueError(f"must be 1-128 characters, each a letter, digit, '-', '_', '.' or ':' (got {value!r})")
     # "." and ".." fit the character set but are path segments that HTTP clients resolve
     # away (/v1/groups/.. is /v1), so such a group could never be read back.
     if value.strip(".") == "":
@@ -31,8 +37,12 @@ def _not_dots(value: str) -> str:
     return value
 
 
-GroupId = Annotated[str, StringConstraints(pattern=GROUP_ID_PATTERN), AfterValidator(_not_dots)]
-_GROUP_ID_RE = re.compile(GROUP_ID_PATTERN)
+GroupId = Annotated[
+    str,
+    StringConstraints(strict=True),
+    Field(json_schema_extra={"pattern": GROUP_ID_PATTERN}),
+    AfterValidator(_group_id),
+]
 
 
 class _Model(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, field_validator, model_validator
 
 from drcredit.domain.numbers import BoundedNonNegative, BoundedPositive, UnitFloat
 
@@ -47,6 +47,16 @@ class ScoringParams(BaseModel):
     outcome_weights: OutcomeWeights = OutcomeWeights()
     search_cap: BoundedPositive = 5.0
     length_cap: BoundedPositive = 2000.0
+
+    @field_validator("visit_levels", mode="before")
+    @classmethod
+    def _three_levels(cls, value: object) -> object:
+        # pydantic would name the missing position ("visit_levels[2]: field required")
+        if isinstance(value, (list, tuple)) and len(value) != 3:
+            raise ValueError(
+                f"must have 3 values (the credit of no, partial and full new support), got {len(value)}: {list(value)}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _levels_non_decreasing(self) -> ScoringParams:

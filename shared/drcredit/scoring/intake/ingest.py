@@ -218,7 +218,8 @@ class Ingest:
         if existing is None:
             return None
         if existing.content_hash != digest():
-            raise Conflict(f"batch_id {batch_id!r} already exists with different content")
+            message = f"batch_id {batch_id!r} already exists with different content"
+            raise Conflict(message, [("batch_id", message)])
         rows = s.execute(
             select(m.Group.id, m.Group.group_id, m.Group.status).where(
                 m.Group.tenant == tenant, m.Group.group_id.in_(existing.group_ids)
@@ -311,14 +312,15 @@ class Ingest:
             dumped = Dumped({rollout.id: rollout.model_dump(mode="json")})
             if existing is not None:
                 if existing.content_hash != dumped.rollout_hash(rollout.id):
-                    raise Conflict(
-                        f"rollout {rollout.id!r} already exists in group {group_id!r} with different content"
-                    )
+                    message = f"rollout {rollout.id!r} already exists in group {group_id!r} with different content"
+                    raise Conflict(message, [("id", message)])
                 return Submitted(row.id, row.group_id, row.status, False), False
             if row.rollouts_received >= row.expected_rollouts:
-                raise Conflict(f"group {group_id!r} already has all {row.expected_rollouts} rollouts")
+                message = f"group {group_id!r} already has all {row.expected_rollouts} rollouts (its expected_rollouts)"
+                raise Conflict(message, [("group_id", message)])
             if row.status == "failed":
-                raise Conflict(f"group {group_id!r} has failed: {row.error}")
+                message = f"group {group_id!r} has failed: {row.error}"
+                raise Conflict(message, [("group_id", message)])
             params = params_of(row)
             if params.outcome_source == "judge" and rollout.outcome_reward is not None:
                 raise InvalidInput([judged_reward_given("outcome_reward")])
