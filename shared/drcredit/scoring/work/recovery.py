@@ -139,7 +139,13 @@ def sweep(
         ).all()
         pending = list(s.scalars(open_groups))
     if refs:
-        log.warning("re-dispatching %d work units whose messages may be lost", len(refs))
+        # Also what a queue holds for a consumer that has just started: those messages are
+        # still in the queue, and the copies sent here find their units taken.
+        log.warning(
+            "sending again %d work units queued or leased too long (a lost message or worker, or a"
+            " consumer just started; a duplicate delivery finds its unit taken)",
+            len(refs),
+        )
         dispatcher.dispatch(refs)
     for group_pk, rollout_id in waiting:
         snippets.release(group_pk, rollout_id)
