@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import RedisError
+
 from drcredit import metrics
 from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.endpoints import EndpointConfig
@@ -107,7 +109,13 @@ class Sharing:
                 schedules.append((f"{e.url}:tpm", tokens, e.record.tpm / 60))
             wait = 0.0
             for key, cost, rate in schedules:
-                wait = max(wait, await self.store.reserve(key, cost, rate))
+                try:
+                    wait = max(wait, await self.store.reserve(key, cost, rate))
+                except RedisError as exc:
+                    # The shared schedule is out of reach: the call goes unpaced rather than
+                    # failing; a 429 it may draw is an answer the fleet handles.
+                    log.warning("could not pace a judge call on the shared schedule %s: %s", key, exc)
+                    continue
                 if key.endswith(":tpm"):
                     lease.reserved_tokens = tokens
             if wait > 0:
@@ -129,10 +137,13 @@ class Sharing:
         if unused <= 0:
             return
         e = lease.endpoint
-        if self.configured.tpm:
-            await self.store.refund(f"fleet:{self.store_scope}:tpm", unused, self.configured.tpm / 60)
-        if e.record.tpm:
-            await self.store.refund(f"{e.url}:tpm", unused, e.record.tpm / 60)
+        try:
+            if self.configured.tpm:
+                await self.store.refund(f"fleet:{self.store_scope}:tpm", unused, self.configured.tpm / 60)
+            if e.record.tpm:
+                await self.store.refund(f"{e.url}:tpm", unused, e.record.tpm / 60)
+        except RedisError as exc:  # the schedule keeps the estimate: later calls wait a little longer
+            log.warning("could not give back %.0f unused tokens to the shared schedule: %s", unused, exc)
 
     @property
     def store_scope(self) -> str:

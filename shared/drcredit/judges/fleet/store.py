@@ -33,6 +33,9 @@ log = logging.getLogger("drcredit.judges.fleet")
 STALE_S = 3.0
 #: Shared records of an endpoint idle this long are forgotten (learning starts again).
 RECORD_TTL_S = 24 * 3600
+#: Redis connections of one process's event loop, and how long a call waits for one.
+POOL_SIZE = 32
+POOL_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,12 @@ class RedisStore(FleetStore):
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = aredis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
+            # A blocking pool: every judge call paced under a rate reserves on it, hundreds at
+            # once, and a call must wait its turn for a connection, not fail for want of one.
+            pool = aredis.BlockingConnectionPool.from_url(
+                self.url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, socket_timeout=5, socket_connect_timeout=5
+            )
+            client = aredis.Redis(connection_pool=pool)
             self._clients[loop] = client
             self._gcra[loop] = client.register_script(_GCRA)
         return client
