@@ -201,6 +201,13 @@ def test_an_inferred_rate_probes_upward_while_quiet() -> None:
     assert rates.probed_rpm(6000, 2.0) == pytest.approx(6000 * (1 + 2 * rates.RATE_PROBE))
 
 
+def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:
+    # two workers share one schedule; one holding 40% of the demand saw 3,600 rpm accepted
+    assert rates.fleet_rpm(3600.0, 0.4) == pytest.approx(9000.0)
+    assert rates.fleet_rpm(3600.0, 1.0) == 3600.0  # embedded: one process sends everything
+    assert rates.fleet_rpm(3600.0, 0.0) == pytest.approx(3600.0 / rates.MIN_FRACTION)
+
+
 # ----------------------------------------------------------------------------- an endpoint's breaker
 
 

@@ -23,6 +23,7 @@ from drcredit.judges.fleet.rates import (
     RATE_CUT,
     RATE_CUT_SPACING_S,
     RateHeaders,
+    fleet_rpm,
     inferred_rpm,
 )
 from drcredit.judges.fleet.state import Endpoint, Lease
@@ -90,7 +91,8 @@ class Learning:
             return  # the endpoint declared its rate: pacing under it is the answer
         first = e.inferred_at is None or not e.record.rpm_inferred
         since = now - ACCEPTED_WINDOW_S if first or e.inferred_at is None else e.inferred_at
-        rpm = inferred_rpm(e.sent, e.refused, since, now)
+        own = inferred_rpm(e.sent, e.refused, since, now)
+        rpm = None if own is None else fleet_rpm(own, e.fraction)
         if rpm is None:
             if first:
                 self._cut(lease, limits.ERROR_CUT)

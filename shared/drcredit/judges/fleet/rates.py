@@ -102,6 +102,18 @@ def inferred_rpm(sent_at: Iterable[float], refused_at: Iterable[float], since: f
     return 60.0 * accepted / span * INFERRED_MARGIN
 
 
+#: The smallest part of a fleet's calls a process is taken to send (a process that holds
+#: almost none of the demand says little of the fleet's rate).
+MIN_FRACTION = 0.1
+
+
+def fleet_rpm(own_rpm: float, fraction: float) -> float:
+    """The endpoint's rate from what one process saw it accept: that process sends its
+    ``fraction`` of the fleet's calls (its part of the demand), the others the rest, all
+    on one schedule, so the endpoint accepted ``own_rpm / fraction`` in all."""
+    return own_rpm / max(MIN_FRACTION, min(1.0, fraction))
+
+
 def probed_rpm(rpm: float, seconds: float) -> float:
     """An inferred pace after ``seconds`` without a 429 while it held calls back."""
     return rpm * (1.0 + RATE_PROBE * seconds)
