@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import pytest
 import redis
@@ -58,3 +59,29 @@ def test_hundreds_of_calls_pacing_at_once_wait_for_a_redis_connection_instead_of
         redis.Redis.from_url(f"{REDIS_URL}/13").delete(f"drcredit:judge:pace:{key}")
     # 600 calls at 100/s on one schedule: each waits its turn, the last about 6 s less the burst
     assert len(waits) == 600 and max(waits) == pytest.approx(600 / 100.0 - rates.BURST_S, abs=0.3)
+
+
+def test_two_processes_probing_an_inferred_pace_raise_it_as_one_would() -> None:
+    """Each process probes the one shared pace by its part of the demand: two processes with
+    half each raise it by RATE_PROBE per second in all, not twice that."""
+    clock = [100.0]
+
+    async def run() -> float | None:
+        store = MemoryStore(clock=lambda: clock[0])
+        fleets = [Fleet([EndpointConfig(URL)], store=store, clock=lambda: clock[0]) for _ in range(2)]
+        try:
+            await store.update(URL, lambda r: replace(r, rpm=6000.0, rpm_inferred=True))
+            for fleet in fleets:
+                await fleet.sync()  # adopt the record; the last sync is now
+            clock[0] += 1.0  # a second of calls held back by the pace, no 429 for long
+            for fleet in fleets:
+                e = fleet.by_url[URL]
+                e.fraction, e.paced_s = 0.5, 1.0
+                await fleet.sync()
+            return (await store.update(URL, lambda r: r)).rpm
+        finally:
+            for fleet in fleets:
+                await fleet.aclose()
+
+    rpm = asyncio.run(run())
+    assert rpm == pytest.approx(6000.0 * (1 + rates.RATE_PROBE * 0.5) ** 2)

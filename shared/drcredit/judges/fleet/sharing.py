@@ -221,7 +221,9 @@ class Sharing:
                 self._adopt(e, await self.store.update(e.url, _growth(grown)))
             paced, e.paced_s = e.paced_s, 0.0
             if e.record.rpm_inferred and paced > 0 and now - e.last_429 > QUIET_S:
-                self._adopt(e, await self.store.update(e.url, _probe_rate(min(elapsed, 1.0))))
+                # Every process probes the one shared pace: each by its part of the demand,
+                # so the fleet's pace rises by RATE_PROBE per second however many there are.
+                self._adopt(e, await self.store.update(e.url, _probe_rate(min(elapsed, 1.0) * e.fraction)))
         report = ProcessReport(
             self.process, time.time(), self.demand, {e.url: self._endpoint_report(e) for e in self.endpoints}
         )
