@@ -5,11 +5,10 @@ share of its learned limit (:mod:`~drcredit.judges.fleet.limits`, shared through
 :mod:`~drcredit.judges.fleet.store`), and a waiting call is handed the next free place
 in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has to make:
 the step's longest chains first), arrival order among equals. A call goes to the
-endpoint that would answer it soonest: the least ``latency x (1 + load / scale) /
-weight``, where the load of a full endpoint counts the calls ahead of this one and the
-scale is the largest share among the candidates; a call waits when that endpoint is
-full, so a slow replica gets only the calls that would wait longer for a fast one (the
-least urgent). Endpoints out of the rotation
+endpoint that would answer it soonest (:meth:`Fleet._expected`: its latency scaled by
+its calls in flight, and when it is full by the calls ahead of this one too); a call
+waits when that endpoint is full, so a slow replica gets only the calls that would wait
+longer for a fast one (the least urgent). Endpoints out of the rotation
 (:mod:`~drcredit.judges.fleet.health`) are probed by a health check in the background
 and rejoin when it is answered; a call whose candidates are all out fails at once with
 :class:`AllEndpointsDown`, which the judge's retry loop and breaker turn into the outage
