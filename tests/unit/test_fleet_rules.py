@@ -9,7 +9,6 @@ a call goes, the demand split between processes and the pace of new connections.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -277,20 +276,6 @@ def test_a_slow_replica_takes_a_call_only_when_waiting_for_the_fast_one_is_longe
     assert fleet._place(frozenset(), False, ahead=2) is None  # 3, not less than 3: a tie waits
     lease = fleet._place(frozenset(), False, ahead=3)  # 3.5 > 3
     assert lease is not None and lease.endpoint is slow
-
-
-def test_a_replica_whose_limit_is_still_small_takes_an_equal_part_until_it_is_full() -> None:
-    # a warm replica with 8 places beside one back from an outage with 2 (equal latency):
-    # the scale is the larger share, 8, so calls alternate while both have room
-    # (1 x (1 + n/8) on each), then the warm one takes the rest; in proportion to the
-    # limits the small one would get one call in five and never be busy
-    fleet = Fleet([EndpointConfig("http://warm/v1", max_concurrency=8), EndpointConfig("http://back/v1")])
-    warm, back = fleet.endpoints
-    warm.latency.ewma = back.latency.ewma = 1.0
-    back.record = replace(back.record, limit=replace(back.record.limit, limit=2.0))
-    placed = [fleet._place(frozenset(), False) for _ in range(10)]
-    assert [lease.endpoint if lease else None for lease in placed] == [warm, back, warm, back] + [warm] * 6
-    assert fleet._place(frozenset(), False) is None  # both full
 
 
 def test_a_weight_divides_an_endpoints_expected_time() -> None:

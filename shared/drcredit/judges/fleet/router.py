@@ -5,8 +5,8 @@ share of its learned limit (:mod:`~drcredit.judges.fleet.limits`, shared through
 :mod:`~drcredit.judges.fleet.store`), and a waiting call is handed the next free place
 in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has to make:
 the step's longest chains first), arrival order among equals. A call goes to the
-endpoint that would answer it soonest (:meth:`Fleet._expected`: its latency scaled by
-its calls in flight, and when it is full by the calls ahead of this one too); a call
+endpoint that would answer it soonest: the least ``latency x (1 + load / share) /
+weight``, where the load of a full endpoint counts the calls ahead of this one; a call
 waits when that endpoint is full, so a slow replica gets only the calls that would wait
 longer for a fast one (the least urgent). Endpoints out of the rotation
 (:mod:`~drcredit.judges.fleet.health`) are probed by a health check in the background
@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import os
 import socket
 import time
@@ -149,31 +150,26 @@ class Fleet(Learning, Sharing):
     def _choose(self, exclude: frozenset[str], ahead: int) -> Endpoint | None:
         """The endpoint with room a call should take now; None: it should wait."""
         now = self._clock()
-        candidates = [e for e in self.endpoints if e.url not in exclude and e.health.up and e.cool_until <= now]
-        if not candidates:
-            return None
-        scale = max(e.share for e in candidates)
+        best: Endpoint | None = None
+        best_time = math.inf
         fallback = self._typical_pace()
-        best = min(candidates, key=lambda e: self._expected(e, ahead, fallback, scale))
-        return None if best.in_flight >= best.share else best
+        for e in self.endpoints:
+            if e.url in exclude or not e.health.up or e.cool_until > now:
+                continue
+            expected = self._expected(e, ahead, fallback)
+            if expected < best_time:
+                best, best_time = e, expected
+        return None if best is None or best.in_flight >= best.share else best
 
     @staticmethod
-    def _expected(e: Endpoint, ahead: int, fallback: float, scale: int) -> float:
-        """Roughly when ``e`` would answer a call with ``ahead`` calls placed before it,
-        in units of its latency over its weight.
-
-        With room: ``1 + in_flight / scale``. The load term spreads calls over equal
-        replicas and moves them off a busy one before its latency shows it; its scale is
-        common to the candidates (the largest share), not each one's own, so a replica
-        whose learned limit is still small (new, or back from an outage) takes its equal
-        part of the calls until it is full, is busy and grows, instead of a part in
-        proportion to its small limit that would never make it busy. Full: ``1 +
-        (in_flight + ahead) / share``, a round for each share of calls before this one
-        (those ahead take its next places).
-        """
-        full = e.in_flight >= e.share
-        rounds = 1.0 + (e.in_flight + ahead) / e.share if full else 1.0 + e.in_flight / scale
-        return e.pace(fallback) * rounds / e.config.weight
+    def _expected(e: Endpoint, ahead: int, fallback: float) -> float:
+        """Roughly when ``e`` would answer a call with ``ahead`` calls placed before it:
+        ``latency x (1 + load / share) / weight``, the load being its
+        calls in flight plus, when it is full, those ahead (they take its next places).
+        The load term spreads calls over equal replicas and moves them off a busy one
+        before its latency shows it."""
+        load = e.in_flight + (ahead if e.in_flight >= e.share else 0)
+        return e.pace(fallback) * (1.0 + load / e.share) / e.config.weight
 
     def _typical_pace(self) -> float:
         known = [e.latency.ewma for e in self.endpoints if e.latency.ewma is not None]
