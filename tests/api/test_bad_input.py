@@ -112,7 +112,7 @@ def test_a_conflicting_rollout_says_so(client: TestClient) -> None:
     rollout = hand_worked_group()["rollouts"][0]
     changed = json.loads(json.dumps(rollout))
     changed["turns"][0]["reasoning"] = "other"
-    assert_error(client.post("/v1/groups/s3/rollouts", json=changed), 409, "")
+    assert_error(client.post("/v1/groups/s3/rollouts", json=changed), 409, "id")
 
 
 def test_openapi_declares_the_bearer_scheme_and_each_endpoints_answers(client: TestClient) -> None:
