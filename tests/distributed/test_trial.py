@@ -92,8 +92,14 @@ def walk_through_a_missing_outcome_judge(
     reported_after = time.monotonic() - stopped
     group = json.loads(EXAMPLES["demo-step1-q1-judged"].read_text().replace("demo-step1-q1-judged", "try-2"))
     assert client.post("/v1/groups", json=group).status_code == 202
-    time.sleep(1.0)
-    waiting = client.get("/v1/groups/try-2").json()["waiting_for_consumer"]
+    # Its outcome units are queued as its rollouts' visits finish: on a loaded machine not
+    # all within the first second, so read the status until the seventh is there.
+    deadline = time.monotonic() + 20
+    while True:
+        waiting = client.get("/v1/groups/try-2").json()["waiting_for_consumer"]
+        if (waiting and waiting[0]["units"] >= 7) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     deadline = time.monotonic() + 10
     while b"the outcome judge exited" not in stdout.read_bytes():  # the trial says so
         assert time.monotonic() < deadline
