@@ -12,7 +12,6 @@ gives in-process.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import time
@@ -25,7 +24,7 @@ from rich.console import Console
 from drcredit.client import DrCreditClient
 from drcredit.client.errors import DrCreditError
 from drcredit_cli.table import print_advantages
-from drcredit_cli.trial_stack import Process, Stack, TrialError
+from drcredit_cli.trial_stack import Process, Stack, TrialError, own_audit_judges
 
 out = Console()
 err = Console(stderr=True)
@@ -101,7 +100,7 @@ def _summary(base: str, stack: Stack, group_ids: list[str], keep: bool) -> None:
     say(f"  database   {stack.database} ({'kept' if keep else 'dropped'} when the trial stops)")
     own = " (a redis-server of the trial's own)" if stack.redis is not None else ""
     say(f"  broker     {stack.broker_url}{own}")
-    judge = "offline" if not os.environ.get("DRCREDIT_AUDIT_JUDGES") else "NAME"
+    judge = "offline" if own_audit_judges() is None else "NAME"
     say(f"  audit      drcredit audit start --judge {judge} --group {group_ids[0]} --wait 60 --url {base}")
     say("  to run drcredit commands on this stack (another worker, a report), export:")
     say("             " + " ".join(f"{k}={shlex.quote(v)}" for k, v in stack.settings().items()))

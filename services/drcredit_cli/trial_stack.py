@@ -37,6 +37,13 @@ CONCURRENCY = 16
 #: The audit judge of a trial whose environment names none: ``drcredit audit start --judge
 #: offline`` re-scores with the offline judge (agreeing fully with an offline trial).
 TRIAL_AUDIT_JUDGES = '{"offline": {"judge": "offline"}}'
+
+
+def own_audit_judges() -> str | None:
+    """The audit judges this environment configures, if any (else the trial's own)."""
+    return os.environ.get("DRCREDIT_AUDIT_JUDGES") or None
+
+
 #: Celery's bookkeeping in Redis, besides the queues and their ``_kombu.binding*`` keys.
 KOMBU_KEYS = ("unacked", "unacked_index", "unacked_mutex")
 
@@ -168,7 +175,7 @@ def _environment(database_url: str, broker_url: str, judge: str) -> dict[str, st
         if not k.startswith("DRCREDIT_") or (judge == "env" and k.startswith("DRCREDIT_JUDGE"))
     }
     env.update(DRCREDIT_DATABASE_URL=database_url, DRCREDIT_BROKER_URL=broker_url)
-    env["DRCREDIT_AUDIT_JUDGES"] = os.environ.get("DRCREDIT_AUDIT_JUDGES") or TRIAL_AUDIT_JUDGES
+    env["DRCREDIT_AUDIT_JUDGES"] = own_audit_judges() or TRIAL_AUDIT_JUDGES
     if judge == "offline":
         env["DRCREDIT_JUDGE"] = "offline"
     return env
@@ -244,7 +251,7 @@ class Stack:
         values = {"DRCREDIT_DATABASE_URL": self.database_url or "", "DRCREDIT_BROKER_URL": self.broker_url or ""}
         if self.judge == "offline":
             values["DRCREDIT_JUDGE"] = "offline"
-        if not os.environ.get("DRCREDIT_AUDIT_JUDGES"):
+        if own_audit_judges() is None:
             values["DRCREDIT_AUDIT_JUDGES"] = TRIAL_AUDIT_JUDGES
         return values
 
