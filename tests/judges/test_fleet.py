@@ -15,11 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from drcredit.judges.base import JudgeResult, RetryPolicy
 from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.judges.fleet.router import CALL_PRIORITY
+from drcredit.judges.fleet.transport import ConnectPacer, PacedConnector
 from drcredit.judges.openai_judge import OpenAIJudge
 from tests.judges.test_openai_judge import GOOD, visit_request
 from tests.support.judge_server import Call, RateLimit, Reply, call_key, judge_process, running_judge
@@ -159,6 +161,33 @@ def test_a_small_server_without_keepalive_is_sent_what_it_accepts() -> None:
     assert all(r.status == "ok" and len(r.attempts) == 1 for r in results)
     assert len({c.client_port for c in server.calls}) == 400  # a connection per call
     assert max(r.latency_s for r in results) < 10
+
+
+def test_waiting_for_a_connection_turn_does_not_spend_the_connect_timeout() -> None:
+    """Twenty new connections at a pace of 10 a second wait a second or more for their
+    turns; each still gives the server its whole connect timeout (0.3 s), so every one
+    is made and the pace is not cut (counting the wait made late attempts fail with a
+    millisecond to connect, and each failure cut the pace further)."""
+    with running_judge(delayed(0.0), close_connections=True) as server:
+        pacer = ConnectPacer(rate=10.0)
+
+        async def run() -> list[int]:
+            timeout = aiohttp.ClientTimeout(sock_connect=0.3)
+            async with aiohttp.ClientSession(connector=PacedConnector(pacer, limit=0), timeout=timeout) as session:
+
+                async def one() -> int:
+                    async with session.get(f"{server.url}/chat/completions") as answer:
+                        return answer.status
+
+                return list(await asyncio.gather(*(one() for _ in range(20))))
+
+        started = time.monotonic()
+        statuses = asyncio.run(run())
+        took = time.monotonic() - started
+    assert statuses == [405] * 20  # each answered by the server (GET is not its method)
+    assert took > 0.6  # the turns really were longer than the connect timeout
+    assert (pacer.attempts, pacer.unanswered) == (20, 0)
+    assert pacer.rate >= 10.0
 
 
 def test_calls_waiting_for_an_endpoint_go_highest_priority_first() -> None:

@@ -564,6 +564,51 @@ def test_a_lease_is_held_only_by_its_owner_while_running_and_renewal_moves_its_e
     assert stored == {mine: later, other: expires, cancelled: expires}
 
 
+def test_a_renewal_takes_its_units_in_id_order(db: Database) -> None:
+    """Every transaction locking units takes them in id order, so two never wait on each
+    other. Unit 20 is written before unit 10 (a scan meets it first); another
+    transaction holds unit 10; the renewal of both waits for 10 and must not have taken
+    20 meanwhile."""
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has one writer at a time: no row locks to order")
+    group_pk = _group(db)
+    expires = datetime(2030, 1, 1, tzinfo=UTC)
+    with db.session() as s:
+        for unit_id in (20, 10):
+            s.add(
+                m.WorkUnit(
+                    id=unit_id,
+                    group_pk=group_pk,
+                    kind="visit_chain",
+                    unit_key=f"u{unit_id}",
+                    rollout_id="r0",
+                    rubric_id="R1",
+                    status="running",
+                    lease_owner="me",
+                    lease_expires_at=expires,
+                )
+            )
+            s.flush()
+    later = datetime(2031, 1, 1, tzinfo=UTC)
+    renewed: list[set[int]] = []
+    with db.engine.connect() as other:
+        other.exec_driver_sql("SELECT id FROM work_units WHERE id = 10 FOR UPDATE")
+
+        def renew() -> None:
+            with db.session() as s:
+                renewed.append(renew_leases(s, [(20, "me"), (10, "me")], later))
+
+        thread = threading.Thread(target=renew)
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive()  # waiting for unit 10
+        # Unit 20 is free: the renewal waits for 10 before it takes 20.
+        assert other.exec_driver_sql("SELECT id FROM work_units WHERE id = 20 FOR UPDATE NOWAIT").scalar() == 20
+        other.rollback()
+    thread.join(10)
+    assert renewed == [{10, 20}]
+
+
 # ----------------------------------------------------------------------------- messages
 
 

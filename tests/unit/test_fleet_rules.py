@@ -343,15 +343,30 @@ def test_new_connections_are_spaced_at_the_pace(monkeypatch: pytest.MonkeyPatch)
     assert slept == [pytest.approx(0.1), pytest.approx(0.2)]  # the first goes at once
 
 
-def test_an_unanswered_attempt_cuts_the_pace_once_per_interval() -> None:
-    clock = [0.0]
+def test_an_unanswered_attempt_cuts_the_pace_once_per_congestion_event() -> None:
+    clock = [0.25]
     pacer = ConnectPacer(rate=100.0, clock=lambda: clock[0])
-    pacer.unanswered_attempt()
-    pacer.unanswered_attempt()  # the same moment: one cut
+    assert pacer.timed_out(started_at=0.0, timeout_s=0.25, waited_s=0.25)
     assert pacer.rate == pytest.approx(100 * PACE_CUT) and pacer.probing
-    clock[0] = 1.0
-    pacer.unanswered_attempt()
+    # Made before the cut: the same burst, no second cut.
+    assert pacer.timed_out(started_at=0.01, timeout_s=0.25, waited_s=0.25)
+    assert pacer.rate == pytest.approx(100 * PACE_CUT)
+    # Made after it, at the lower pace, and still unanswered: cut again.
+    clock[0] = 0.6
+    assert pacer.timed_out(started_at=0.3, timeout_s=0.25, waited_s=0.3)
     assert pacer.rate == pytest.approx(100 * PACE_CUT * PACE_CUT)
+    assert (pacer.attempts, pacer.unanswered, pacer.inconclusive) == (3, 3, 0)
+
+
+def test_a_timeout_noticed_late_says_the_loop_was_busy_not_the_server_silent() -> None:
+    pacer = ConnectPacer(rate=100.0, clock=lambda: 1.0)
+    # Due after 0.25 s, noticed after 0.45 s: 0.2 s late, over half the timeout.
+    assert not pacer.timed_out(started_at=0.55, timeout_s=0.25, waited_s=0.45)
+    assert pacer.rate == 100.0 and not pacer.probing
+    assert (pacer.unanswered, pacer.inconclusive) == (0, 1)
+    # 0.1 s late is within half the timeout: the server's silence.
+    assert pacer.timed_out(started_at=0.65, timeout_s=0.25, waited_s=0.35)
+    assert pacer.rate == pytest.approx(100 * PACE_CUT)
 
 
 def test_the_pace_doubles_per_round_until_the_first_unanswered_attempt() -> None:

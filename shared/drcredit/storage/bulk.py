@@ -178,10 +178,21 @@ ON work_units.id = x.id AND work_units.lease_owner = x.owner
 WHERE work_units.status = 'running'
 """
 
+# The rows are locked in id order first, as every transaction locking units does: the
+# heartbeat and a write batch of the same process renew overlapping leases, and an
+# UPDATE ... FROM takes its rows in whatever order its join yields (Postgres broke
+# the resulting deadlocks by aborting one of them).
 _PG_RENEW = """
+WITH held AS (
+    SELECT w.id FROM work_units AS w
+    JOIN json_to_recordset(CAST(%(leases)s AS json)) AS x(id int, owner text)
+      ON w.id = x.id AND w.lease_owner = x.owner
+    WHERE w.status = 'running'
+    ORDER BY w.id
+    FOR UPDATE OF w
+)
 UPDATE work_units SET lease_expires_at = %(expires)s, updated_at = %(now)s
-FROM json_to_recordset(CAST(%(leases)s AS json)) AS x(id int, owner text)
-WHERE work_units.id = x.id AND work_units.lease_owner = x.owner AND work_units.status = 'running'
+FROM held WHERE work_units.id = held.id
 RETURNING work_units.id
 """
 

@@ -14,6 +14,13 @@ usual connect time is made again at once, not after the kernel's one-second
 retransmission. Keep-alive connections are reused as before, so a server that keeps
 connections open pays the pace only for its first ones.
 
+Only the server's silence may cut the pace. Time spent waiting for a turn is the
+client's own queue: it does not count against the connect timeout (counting it made
+attempts given a millisecond fail, each failure cutting the pace further, until a
+step crawled at the floor for a minute). An attempt whose timer fired late found the
+client's event loop busy, not the server silent: it is made again without a cut. And
+attempts made before a cut are one congestion event: they cannot cut again.
+
 The transport is the official ``openai`` client's aiohttp one, given an aiohttp session
 whose connector does the pacing (``_create_connection`` is aiohttp's hook for making a
 new connection, overridden here and covered by a test).
@@ -22,6 +29,7 @@ new connection, overridden here and covered by a test).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -35,17 +43,25 @@ from openai._vendor.httpx_aiohttp import AiohttpTransport
 PACE_INITIAL = 500.0
 PACE_MIN = 10.0
 PACE_MAX = 100_000.0
-#: After an attempt the server did not answer: the pace is cut by this factor (at most
-#: once per :data:`CUT_INTERVAL_S`) and then grows by :data:`PACE_PROBE` of itself per
-#: second of connections made at that pace.
+#: After an attempt the server did not answer: the pace is cut by this factor (once per
+#: congestion event: only an attempt started after the last cut cuts again) and then
+#: grows by :data:`PACE_PROBE` of itself per second of connections made at that pace.
 PACE_CUT = 0.85
 PACE_PROBE = 0.1
-CUT_INTERVAL_S = 0.25
 #: An attempt is made again after this many times the usual connect time, within
 #: these bounds (the upper one is the kernel's own first retransmission).
 TRY_FACTOR = 4.0
 TRY_MIN_S = 0.25
 TRY_MAX_S = 1.0
+#: A timed-out attempt noticed later than this part of its timeout (at least
+#: :data:`LATE_MIN_S`) after its timer was due says the event loop was busy: the
+#: server's answer may have come and waited unread, so it says nothing of the server.
+LATE_SHARE = 0.5
+LATE_MIN_S = 0.05
+#: The wall time all attempts of one connection may take, in connect timeouts (late
+#: attempts do not spend the timeout itself, but a loop busy for ever must not retry
+#: for ever).
+INCONCLUSIVE_ALLOWANCE = 3.0
 
 
 class ConnectPacer:
@@ -55,14 +71,20 @@ class ConnectPacer:
         self.rate = rate
         self._clock = clock
         self._due = 0.0
-        self._cut_at = -1.0
+        #: When the pace was last cut (attempts started before then cannot cut it again).
+        self._cut_at = -math.inf
         #: Until the first unanswered attempt the pace doubles per second (slow start).
         self.probing = False
-        #: Connection attempts made, and those the server left unanswered.
+        #: Connection attempts made, those the server left unanswered, and those timed
+        #: out while the event loop was too busy to tell.
         self.attempts = 0
         self.unanswered = 0
+        self.inconclusive = 0
         #: Smoothed seconds of an answered connection attempt.
         self.connect_s: float | None = None
+
+    def now(self) -> float:
+        return float(self._clock())
 
     async def turn(self) -> None:
         """Wait for this connection attempt's turn."""
@@ -84,14 +106,19 @@ class ConnectPacer:
         gain = PACE_PROBE if self.probing else 1.0
         self.rate = min(PACE_MAX, self.rate + gain)
 
-    def unanswered_attempt(self) -> None:
+    def timed_out(self, started_at: float, timeout_s: float, waited_s: float) -> bool:
+        """An attempt started at ``started_at`` (this pacer's clock) with ``timeout_s``
+        gave up after ``waited_s``; True when it counts as unanswered by the server."""
         self.attempts += 1
+        if waited_s - timeout_s > max(LATE_MIN_S, LATE_SHARE * timeout_s):
+            self.inconclusive += 1
+            return False
         self.unanswered += 1
-        now = self._clock()
-        if now - self._cut_at >= CUT_INTERVAL_S:
-            self._cut_at = now
+        if started_at > self._cut_at:
+            self._cut_at = self._clock()
             self.rate = max(PACE_MIN, self.rate * PACE_CUT)
             self.probing = True
+        return True
 
 
 class PacedConnector(aiohttp.TCPConnector):
@@ -102,19 +129,26 @@ class PacedConnector(aiohttp.TCPConnector):
         self.pacer = pacer
 
     async def _create_connection(self, req: Any, traces: Any, timeout: Any) -> Any:
-        deadline = time.monotonic() + (timeout.sock_connect or TRY_MAX_S)
+        # The connect timeout is the time the server was given to answer, summed over
+        # attempts; waiting for a turn is not part of it. Attempts a busy loop could not
+        # judge spend only the looser allowance.
+        budget = timeout.sock_connect or TRY_MAX_S
+        allowance = INCONCLUSIVE_ALLOWANCE * budget
         while True:
             await self.pacer.turn()
-            started = time.monotonic()
-            attempt = attr.evolve(timeout, sock_connect=max(0.001, min(self.pacer.try_timeout_s(), deadline - started)))
+            started = self.pacer.now()
+            given = max(0.001, min(self.pacer.try_timeout_s(), budget))
             try:
-                proto = await super()._create_connection(req, traces, attempt)
+                proto = await super()._create_connection(req, traces, attr.evolve(timeout, sock_connect=given))
             except TimeoutError:  # aiohttp's sock_connect timeout (a plain TimeoutError)
-                self.pacer.unanswered_attempt()
-                if time.monotonic() >= deadline:
+                waited = self.pacer.now() - started
+                allowance -= waited
+                if self.pacer.timed_out(started, given, waited):
+                    budget -= given
+                if budget <= 0.0 or allowance <= 0.0:
                     raise
                 continue  # a fresh attempt now, not the kernel's retransmission a second later
-            self.pacer.answered(time.monotonic() - started)
+            self.pacer.answered(self.pacer.now() - started)
             return proto
 
 
