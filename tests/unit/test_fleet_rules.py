@@ -8,6 +8,7 @@ a call goes, the demand split between processes and the pace of new connections.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -210,17 +211,30 @@ def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:
 # ----------------------------------------------------------------------------- an endpoint's breaker
 
 
-def test_an_endpoint_leaves_the_rotation_after_consecutive_failures_and_probes_back() -> None:
+def test_an_endpoint_leaves_the_rotation_after_consecutive_failures_and_a_failed_check_and_probes_back() -> None:
     health = EndpointHealth()
-    for _ in range(FAILURES_TO_OPEN - 1):
-        assert not health.failed("refused", now=0.0, probe=False)
-    assert health.failed("refused", now=0.0, probe=False) and not health.up
-    assert not health.probe_due(0.0) and health.probe_due(PROBE_INITIAL_S)
+    for _ in range(FAILURES_TO_OPEN):
+        assert not health.failed("refused", now=0.0, probe=False, connection=True)
+    assert health.up and health.check_wanted()  # the failures ask for a health check
+    assert not health.check_wanted()  # once
+    assert health.failed("refused", now=0.1, probe=True) and not health.up  # the check failed too
+    assert not health.probe_due(0.1) and health.probe_due(0.1 + PROBE_INITIAL_S)
     health.start_probe()
     assert not health.probe_due(10.0)  # one probe at a time
     assert not health.failed("refused", now=1.0, probe=True)
     assert health.next_probe == 1.0 + 2 * PROBE_INITIAL_S  # the interval doubles
     assert health.answered(1.5) and health.up and health.failures == 0
+
+
+def test_an_endpoint_whose_check_answers_stays_in_the_rotation() -> None:
+    # a few keep-alive connections the server had closed fail in a row: the check answers
+    health = EndpointHealth()
+    for _ in range(FAILURES_TO_OPEN):
+        health.failed("Can not write request body", now=0.0, probe=False, connection=True)
+    assert health.check_wanted()
+    assert not health.failed("Can not write request body", now=0.05, probe=False, connection=True)  # checking
+    assert not health.answered(0.1) and health.up and health.failures == 0
+    assert not health.check_wanted()
 
 
 def test_an_answer_between_failures_resets_the_count() -> None:
@@ -241,6 +255,38 @@ def test_an_endpoint_that_answered_a_moment_ago_stays_in_the_rotation() -> None:
     assert health.up
     # no answer for the whole window: out at the next failure
     assert health.failed("connect timeout", 10.0 + ALIVE_WINDOW_S, probe=False) and not health.up
+
+
+def test_failed_answers_take_an_endpoint_out_without_a_check() -> None:
+    # 5xx and timeouts come from a server a health check would reach: it cannot clear them
+    health = EndpointHealth()
+    for _ in range(FAILURES_TO_OPEN - 1):
+        assert not health.failed("500", now=0.0, probe=False)
+    assert health.failed("500", now=0.0, probe=False) and not health.up
+
+
+@pytest.mark.parametrize(("check", "stays_up"), [(None, True), ("connection refused", False)])
+def test_connection_failures_leave_the_rotation_only_when_the_health_check_fails_too(
+    check: str | None, stays_up: bool
+) -> None:
+    checked: list[str] = []
+
+    async def prober(config: EndpointConfig) -> str | None:
+        checked.append(config.url)
+        return check
+
+    async def run() -> bool:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], prober=prober)
+        for _ in range(FAILURES_TO_OPEN):
+            lease = fleet._place(frozenset(), False)
+            assert lease is not None
+            fleet.failed(lease, "connection", "Can not write request body")
+            fleet.release(lease)
+        await asyncio.sleep(0.01)  # the check runs in the background
+        return fleet.endpoints[0].health.up
+
+    assert asyncio.run(run()) is stays_up
+    assert checked == ["http://judge-0/v1"]
 
 
 # ----------------------------------------------------------------------------- routing

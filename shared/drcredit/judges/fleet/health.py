@@ -2,7 +2,11 @@
 
 An endpoint that fails :data:`FAILURES_TO_OPEN` calls in a row without answering (a
 refused or dropped connection, a timeout, a 5xx), and has answered none for
-:data:`ALIVE_WINDOW_S`, is taken out of the rotation; its calls go to the others. An
+:data:`ALIVE_WINDOW_S`, is taken out of the rotation; its calls go to the others. When
+the last failure was a connection's, it is health-checked first and goes out only if
+that check fails too: a few keep-alive connections the server had just closed, read
+by a busy client, look like an endpoint gone (a single judge taken out that way sent
+every call to the outage wait for seconds), and a check on a new connection tells. An
 endpoint that answered a moment ago is alive: its failures then are push-back (a
 flooded accept queue timing connections out while other calls get their answers), which
 the limit answers (:mod:`drcredit.judges.fleet.limits`), not the rotation; taking it
@@ -42,11 +46,14 @@ class EndpointHealth:
         self.outages = 0
         #: When it last answered (the fleet's clock; None: not yet).
         self.answered_at: float | None = None
+        #: Enough failures to take it out: a health check decides (while in the rotation).
+        self.checking = False
 
     def answered(self, now: float) -> bool:
         """An answer of any kind; True when this brings the endpoint back."""
         self.failures = 0
         self.probing = False
+        self.checking = False
         self.answered_at = now
         if self.up:
             return False
@@ -54,8 +61,10 @@ class EndpointHealth:
         self._interval = PROBE_INITIAL_S
         return True
 
-    def failed(self, reason: str, now: float, *, probe: bool) -> bool:
-        """A call ended without an answer; True when this takes the endpoint out."""
+    def failed(self, reason: str, now: float, *, probe: bool, connection: bool = False) -> bool:
+        """A call or a health check ended without an answer; True when this takes the
+        endpoint out. After a ``connection`` failure only a failed health check does
+        (:meth:`check_wanted` asks for it)."""
         self.failures += 1
         self.reason = reason
         if probe:
@@ -65,14 +74,31 @@ class EndpointHealth:
                 self._interval = min(PROBE_MAX_S, self._interval * 2)
                 self.next_probe = now + self._interval
             return False
+        if probe and self.checking:
+            self.checking = False
+            return self._take_out(now)
         if self.failures < FAILURES_TO_OPEN:
             return False
         if self.answered_at is not None and now - self.answered_at < ALIVE_WINDOW_S:
             return False  # alive: these failures are push-back
+        if connection:
+            self.checking = True
+            return False
+        return self._take_out(now)
+
+    def _take_out(self, now: float) -> bool:
         self.up, self.since = False, datetime.now(UTC)
         self.outages += 1
         self._interval = PROBE_INITIAL_S
         self.next_probe = now + self._interval
+        return True
+
+    def check_wanted(self) -> bool:
+        """True once when a health check must decide whether the endpoint goes out (the
+        caller starts it)."""
+        if not (self.up and self.checking) or self.probing:
+            return False
+        self.probing = True
         return True
 
     def probe_due(self, now: float) -> bool:

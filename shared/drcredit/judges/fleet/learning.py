@@ -50,6 +50,8 @@ class Learning:
 
         def _adopt(self, e: Endpoint, record: EndpointRecord) -> None: ...
 
+        def _check(self, e: Endpoint) -> None: ...
+
     def _count(self, e: Endpoint, outcome: str) -> None:
         e.counts[outcome] += 1
         metrics.JUDGE_ENDPOINT_RESPONSES.labels(e.url, outcome).inc()
@@ -116,9 +118,11 @@ class Learning:
         """No answer: a connection refused or cut, a timeout, a 5xx."""
         e = lease.endpoint
         self._count(e, outcome)
-        if e.health.failed(reason, self._clock(), probe=lease.probe):
+        if e.health.failed(reason, self._clock(), probe=lease.probe, connection=outcome == "connection"):
             log.warning("judge endpoint %s out of the rotation: %s", e.url, reason)
             self._notify(e, False)
+        elif e.health.check_wanted():
+            self._check(e)
         if e.health.up:
             self._cut(lease, limits.ERROR_CUT)
 

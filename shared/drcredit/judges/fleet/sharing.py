@@ -193,9 +193,16 @@ class Sharing:
         for e in self.endpoints:
             if e.health.probe_due(now):
                 e.health.start_probe()
-                task = asyncio.get_running_loop().create_task(self._probe(e))
-                self._background.add(task)
-                task.add_done_callback(self._background.discard)
+                self._check(e)
+
+    def _check(self, e: Endpoint) -> None:
+        """Health-check ``e`` in the background (its health has marked the check started)."""
+        if self.prober is None:
+            self._checked(e, e.health.reason or "failing, and no health check to tell")
+            return
+        task = asyncio.get_running_loop().create_task(self._probe(e))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _probe(self, e: Endpoint) -> None:
         assert self.prober is not None
@@ -203,12 +210,17 @@ class Sharing:
             problem = await self.prober(e.config)
         except Exception as exc:  # noqa: BLE001 - a probe that errs is a probe that failed
             problem = f"{type(exc).__name__}: {exc}"
+        self._checked(e, problem)
+
+    def _checked(self, e: Endpoint, problem: str | None) -> None:
         if problem is None:
             if e.health.answered(self._clock()):
                 self._notify(e, True)
             self._dispatch()
-        else:
-            e.health.failed(problem, self._clock(), probe=True)
+        elif e.health.failed(problem, self._clock(), probe=True):
+            log.warning("judge endpoint %s out of the rotation: %s", e.url, problem)
+            self._notify(e, False)
+            self._dispatch()
 
     async def sync(self) -> None:
         """Publish this process's demand and learning; adopt the fleet's records and share."""
