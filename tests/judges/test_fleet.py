@@ -21,7 +21,7 @@ import pytest
 from drcredit.judges.base import JudgeResult, RetryPolicy
 from drcredit.judges.breaker import JudgeUnavailable
 from drcredit.judges.fleet.router import CALL_PRIORITY
-from drcredit.judges.fleet.transport import ConnectPacer, PacedConnector
+from drcredit.judges.fleet.transport import ConnectPacer, PacedConnector, turn_waits
 from drcredit.judges.openai_judge import OpenAIJudge
 from tests.judges.test_openai_judge import GOOD, visit_request
 from tests.support.judge_server import Call, RateLimit, Reply, call_key, judge_process, running_judge
@@ -171,7 +171,7 @@ def test_waiting_for_a_connection_turn_does_not_spend_the_connect_timeout() -> N
     with running_judge(delayed(0.0), close_connections=True) as server:
         pacer = ConnectPacer(rate=10.0)
 
-        async def run() -> list[int]:
+        async def run() -> tuple[list[int], float]:
             timeout = aiohttp.ClientTimeout(sock_connect=0.3)
             async with aiohttp.ClientSession(connector=PacedConnector(pacer, limit=0), timeout=timeout) as session:
 
@@ -179,15 +179,20 @@ def test_waiting_for_a_connection_turn_does_not_spend_the_connect_timeout() -> N
                     async with session.get(f"{server.url}/chat/completions") as answer:
                         return answer.status
 
-                return list(await asyncio.gather(*(one() for _ in range(20))))
+                with turn_waits() as waited:
+                    statuses = list(await asyncio.gather(*(one() for _ in range(20))))
+                return statuses, waited[0]
 
         started = time.monotonic()
-        statuses = asyncio.run(run())
+        statuses, waited = asyncio.run(run())
         took = time.monotonic() - started
     assert statuses == [405] * 20  # each answered by the server (GET is not its method)
     assert took > 0.6  # the turns really were longer than the connect timeout
     assert (pacer.attempts, pacer.unanswered) == (20, 0)
     assert pacer.rate >= 10.0
+    # The calls' waits for their turns are told apart from the server's time (the k-th
+    # call waited about k/rate: over 20 calls several seconds in all, more than the step).
+    assert waited > took
 
 
 def test_calls_waiting_for_an_endpoint_go_highest_priority_first() -> None:

@@ -9,7 +9,9 @@ a call goes, the demand split between processes and the pace of new connections.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
+import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -147,6 +149,28 @@ def test_tokens_are_reserved_by_their_count_and_refunded() -> None:
     # The answer used 30: 20 come back; a refund never moves the schedule before now.
     assert rates.refund(tat, now=10.0, cost=20, rate_per_s=10) == 13.0
     assert rates.refund(tat, now=14.0, cost=40, rate_per_s=10) == 14.0
+
+
+def test_turns_that_fell_in_a_cooling_are_spent_when_it_ends_not_taken_again() -> None:
+    """Ten calls paced at 20 a second take turns 0-0.45 s (less the 0.1 s burst
+    allowance: the last goes at 0.35 s); a 429 cools the endpoint for 0.3 s meanwhile.
+    The quota refilled while nothing was sent: each call goes at the later of its turn
+    and the cooling's end (all by 0.35 s), not on a second turn after the first ten
+    (0.75 s)."""
+
+    async def run() -> float:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1", max_concurrency=10)])
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, rpm=1200.0)
+        leases = [fleet._place(frozenset(), False) for _ in range(10)]
+        assert all(leases)
+        e.cool_until = fleet._clock() + 0.3
+        started = time.monotonic()
+        await asyncio.gather(*(fleet.pace(lease, 100.0) for lease in leases if lease is not None))
+        return time.monotonic() - started
+
+    took = asyncio.run(run())
+    assert 0.3 <= took < 0.55
 
 
 def test_rate_headers_give_the_limits_per_minute() -> None:

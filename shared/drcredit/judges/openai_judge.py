@@ -31,7 +31,7 @@ from drcredit.judges.fleet.endpoints import EndpointConfig, parse_endpoints
 from drcredit.judges.fleet.rates import RateLimits, read_headers
 from drcredit.judges.fleet.router import AllEndpointsDown, Endpoint, Fleet, Lease
 from drcredit.judges.fleet.store import FleetStore
-from drcredit.judges.fleet.transport import ConnectPacer, http_client
+from drcredit.judges.fleet.transport import ConnectPacer, http_client, turn_waits
 from drcredit.judges.openai_wire import (
     DEFAULT_KEEPALIVE_S,
     QUIET_HEADERS,
@@ -232,12 +232,13 @@ class OpenAIJudge(Judge):
             wanted_format = response_format(self._formats[config.url], prompt)
             started = time.monotonic()
             try:
-                raw, headers = await post_chat(
-                    self._client(config),
-                    config,
-                    self._body(messages, plan.temperature, max_tokens, wanted_format),
-                    self.timeout_s,
-                )
+                with turn_waits() as queued:
+                    raw, headers = await post_chat(
+                        self._client(config),
+                        config,
+                        self._body(messages, plan.temperature, max_tokens, wanted_format),
+                        self.timeout_s,
+                    )
             except BadRequest as exc:
                 self.fleet.answered(lease, None)
                 overflow = overflow_of(exc.body, str(exc))
@@ -272,7 +273,8 @@ class OpenAIJudge(Judge):
                     # are spent though no usage came back. Counted at the most it can be.
                     exc.prompt_tokens = ratio.most(chars)
                 raise
-            self.fleet.answered(lease, time.monotonic() - started, read_headers(headers, 200))
+            # The server's latency: the wait for a connection turn was this client's.
+            self.fleet.answered(lease, time.monotonic() - started - queued[0], read_headers(headers, 200))
             completion = completion_of(raw, config.url, max_tokens, context, max_tokens < wanted)
             ratio.observe(chars, completion.prompt_tokens)
             if lease.reserved_tokens:

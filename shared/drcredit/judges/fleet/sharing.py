@@ -92,8 +92,11 @@ class Sharing:
     async def pace(self, lease: Lease, tokens: float) -> None:
         """Wait for the call's turn under every rate limit that applies to it.
 
-        A call whose turn came while its endpoint cooled after a 429, or whose pace was
-        lowered meanwhile, waits out the cooling and takes a turn on the new schedule.
+        A call whose turn came while its endpoint cooled after a 429 waits out the
+        cooling and goes: the quota refilled while nothing was sent, so the turns that
+        fell in the cooling are spent when it ends (taking new turns wasted the cooling's
+        share of the schedule a second time, the quota idle for a second more per 429).
+        A call whose pace was lowered meanwhile takes a turn on the new schedule.
         """
         e = lease.endpoint
         while True:
@@ -122,9 +125,9 @@ class Sharing:
                 e.paced_s += wait
                 await asyncio.sleep(wait)
             cooling = e.cool_until - self._clock()
-            if cooling > 0:
+            while cooling > 0:
                 await asyncio.sleep(cooling)
-                continue
+                cooling = e.cool_until - self._clock()
             if pace is not None and e.record.rpm is not None and e.record.rpm < pace:
                 continue
             break

@@ -31,6 +31,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
@@ -62,6 +65,26 @@ LATE_MIN_S = 0.05
 #: attempts do not spend the timeout itself, but a loop busy for ever must not retry
 #: for ever).
 INCONCLUSIVE_ALLOWANCE = 3.0
+
+
+#: The seconds the running call spent waiting for connection turns (see :func:`turn_waits`).
+_TURN_WAITS: ContextVar[list[float] | None] = ContextVar("drcredit_connect_turn_waits", default=None)
+
+
+@contextmanager
+def turn_waits() -> Iterator[list[float]]:
+    """Gather the time the calls made in the block waited for their connection turns.
+
+    That wait is the client's own queue, not the server's: a call's latency less it is
+    what the server took (a step's first wave opening a thousand connections waited
+    up to two seconds for turns, and that read as a server slowing down).
+    """
+    waited = [0.0]
+    token = _TURN_WAITS.set(waited)
+    try:
+        yield waited
+    finally:
+        _TURN_WAITS.reset(token)
 
 
 class ConnectPacer:
@@ -135,8 +158,12 @@ class PacedConnector(aiohttp.TCPConnector):
         budget = timeout.sock_connect or TRY_MAX_S
         allowance = INCONCLUSIVE_ALLOWANCE * budget
         while True:
+            queued = self.pacer.now()
             await self.pacer.turn()
             started = self.pacer.now()
+            waits = _TURN_WAITS.get()
+            if waits is not None:
+                waits[0] += started - queued
             given = max(0.001, min(self.pacer.try_timeout_s(), budget))
             try:
                 proto = await super()._create_connection(req, traces, attr.evolve(timeout, sock_connect=given))
