@@ -313,6 +313,34 @@ def test_connection_failures_leave_the_rotation_only_when_the_health_check_fails
     assert checked == ["http://judge-0/v1"]
 
 
+def test_late_answers_cut_the_limit_only_while_the_endpoint_is_busy() -> None:
+    """Answers slowed while far fewer calls are out than the limit allows are not the
+    limit's doing: they leave it alone; the same answers with the limit's share in
+    flight cut it (x LATENCY_CUT)."""
+
+    async def run() -> tuple[float, float]:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")])
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, limit=LimitState(100.0, 100.0, 0))
+
+        def answer(latency: float, in_flight: int) -> None:
+            lease = fleet._lease(e, probe=False)
+            e.in_flight = in_flight
+            fleet.answered(lease, latency)
+
+        for _ in range(limits.RECENT):
+            answer(1.0, 10)  # the base: 1 s
+        for _ in range(limits.RECENT):
+            answer(3.0, 10)  # late, with 10 of 100 out
+        idle = e.record.limit.limit
+        answer(3.0, 60)  # late again, now with over half the share out
+        return idle, e.record.limit.limit
+
+    idle, busy = asyncio.run(run())
+    assert idle == 100.0
+    assert busy == pytest.approx(100.0 * limits.LATENCY_CUT)
+
+
 # ----------------------------------------------------------------------------- routing
 
 

@@ -65,12 +65,18 @@ class Learning:
             self._notify(e, True)
         if latency_s is None:
             return
-        if e.latency.observe(latency_s):
+        late = e.latency.observe(latency_s)
+        # Busy: at least half its share in flight, this call included. Only then does
+        # an answer say something of the limit: one at normal latency that the endpoint
+        # kept pace with that load (it may take more), a late one that the load queues
+        # in the server. Late answers while far fewer calls are out than the limit
+        # allows are not the limit's doing (cutting it then ratcheted it down, step
+        # after step, until it bound the step).
+        busy = e.in_flight * 2 >= e.share
+        if late and busy:
             self._cut(lease, limits.LATENCY_CUT)
             e.latency.forget_recent()
-        elif e.in_flight * 2 >= e.share and not e.record.limit.epoch > lease.epoch:
-            # Busy (at least half its share in flight, this call included): the answer
-            # says the endpoint kept pace with that load, so it may take more.
+        elif not late and busy and not e.record.limit.epoch > lease.epoch:
             e.grown += 1
             e.record = replace(e.record, limit=limits.grow(e.record.limit, 1))
         if rates is not None:

@@ -6,8 +6,10 @@ latency (slow start: one more call per answer), until the endpoint first pushes 
 from then on it grows by :data:`PROBE_GAIN` calls per round (additive increase) and is
 cut on each push-back (multiplicative decrease): by :data:`ERROR_CUT` on a 429, a 5xx,
 a connect failure or a timeout, by :data:`LATENCY_CUT` when answers slow down because
-calls queue inside the server. A cut applies once per round: answers to calls sent
-before the last cut say nothing about the new limit (the ``epoch``).
+calls queue inside the server. Growth and the latency cut both need the endpoint busy
+(half a process's share in flight): only then is the limit what the answers' pace
+says something about. A cut applies once per round: answers to calls sent before the
+last cut say nothing about the new limit (the ``epoch``).
 
 The state is a plain value, fleet-wide per endpoint (shared between processes through
 :mod:`drcredit.judges.fleet.store`); this module only computes the next one.
