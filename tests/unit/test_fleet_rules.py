@@ -22,6 +22,7 @@ from drcredit.judges.fleet.endpoints import DEFAULT_BASE_URL, EndpointConfig, pa
 from drcredit.judges.fleet.health import ALIVE_WINDOW_S, FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
 from drcredit.judges.fleet.limits import LatencyWatch, LimitState
 from drcredit.judges.fleet.router import Fleet
+from drcredit.judges.fleet.state import PACED_HEADROOM, Endpoint
 from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
 from drcredit.judges.fleet.transport import PACE_CUT, ConnectPacer
 
@@ -225,6 +226,29 @@ def test_an_inferred_rate_probes_upward_while_quiet() -> None:
     assert rates.probed_rpm(6000, 2.0) == pytest.approx(6000 * (1 + 2 * rates.RATE_PROBE))
 
 
+def test_a_later_429_sets_the_pace_to_what_the_quota_refilled_up_as_well_as_down() -> None:
+    """Paced at 3,000 a minute since a 429 at t=10; by the next 429, at t=11, 90 calls
+    sent in between were accepted: the quota refilled 90 in that second (its bucket was
+    empty at both 429s), so the pace becomes 90 x 60 with the margin: raised."""
+
+    async def run() -> float | None:
+        now = [11.0]
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: now[0])
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, rpm=3000.0, rpm_inferred=True)
+        e.inferred_at = 10.0
+        e.sent.extend(10.0 + (i + 1) / 90 for i in range(90))
+        lease = fleet._lease(e, probe=False)
+        lease.sent_at = 11.0
+        e.sent.append(11.0)
+        fleet.rate_limited(lease, rates.RateHeaders(rates.RateLimits(), wait_s=None))
+        fleet.release(lease)
+        await asyncio.sleep(0)
+        return e.record.rpm
+
+    assert asyncio.run(run()) == pytest.approx(60 * 90 / (1.0 - 1 / 90) * rates.INFERRED_MARGIN)
+
+
 def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:
     # two workers share one schedule; one holding 40% of the demand saw 3,600 rpm accepted
     assert rates.fleet_rpm(3600.0, 0.4) == pytest.approx(9000.0)
@@ -339,6 +363,18 @@ def test_late_answers_cut_the_limit_only_while_the_endpoint_is_busy() -> None:
     idle, busy = asyncio.run(run())
     assert idle == 100.0
     assert busy == pytest.approx(100.0 * limits.LATENCY_CUT)
+
+
+def test_under_a_pace_an_endpoint_takes_what_the_pace_starts_within_one_answer() -> None:
+    e = Endpoint(EndpointConfig("http://judge-0/v1"), EndpointRecord(LimitState(100.0, 100.0, 1)))
+    e.latency.ewma = 2.0
+    assert e.room == e.share == 100  # no pace: the learned limit
+    e.record = dataclasses.replace(e.record, rpm=600.0)
+    assert e.room == math.ceil(10 * 2.0 * PACED_HEADROOM)  # 10 a second for 2 s, x1.25: 25
+    e.fraction = 0.5
+    assert (e.share, e.room) == (50, math.ceil(0.5 * 10 * 2.0 * PACED_HEADROOM))  # this process's half
+    e.record = dataclasses.replace(e.record, rpm=60_000.0)
+    assert e.room == e.share == 50  # a pace far above the limit: the limit
 
 
 # ----------------------------------------------------------------------------- routing

@@ -116,7 +116,14 @@ class Learning:
                 self._set_inferred(e, e.record.rpm * RATE_CUT)
             return
         e.inferred_at = now
-        if e.record.rpm is None or rpm < e.record.rpm:
+        if first:
+            if e.record.rpm is None or rpm < e.record.rpm:
+                self._set_inferred(e, rpm)
+        else:
+            # Measured from the previous 429 to this one: the quota's bucket was empty at
+            # both, so what it accepted in between is what it refilled, whatever was sent:
+            # the pace follows it up as well as down (kept only ever lower, every 429
+            # took the margin off again and the pace sank below the quota run after run).
             self._set_inferred(e, rpm)
         self._cut(lease, 1.0)  # slow start ends: the endpoint pushed back
 

@@ -85,10 +85,11 @@ def inferred_rpm(sent_at: Iterable[float], refused_at: Iterable[float], since: f
     call still in flight counts as accepted (a quota refuses at once). None when the
     span is shorter than :data:`MIN_SPAN_S` or it accepted nothing.
 
-    The first 429 measures over :data:`ACCEPTED_WINDOW_S` before it, which overstates a
-    quota whose bucket was full; every later one measures from the previous inference,
-    a span in which calls were sent faster than the quota refills, so the accepted
-    calls are its refill rate.
+    The first 429 measures over :data:`ACCEPTED_WINDOW_S` before it (a lower bound while
+    the calls were still ramping up, an overstatement when the quota's bucket was full);
+    every later one measures from the previous inference: the quota's bucket was empty
+    at both 429s, so the calls it accepted in between are exactly what it refilled,
+    however fast they were sent (unless it filled to the brim meanwhile).
     """
     sent = [t for t in sent_at if since <= t <= now]
     if not sent:
