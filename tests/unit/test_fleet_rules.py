@@ -249,6 +249,34 @@ def test_a_later_429_sets_the_pace_to_what_the_quota_refilled_up_as_well_as_down
     assert asyncio.run(run()) == pytest.approx(60 * 90 / (1.0 - 1 / 90) * rates.INFERRED_MARGIN)
 
 
+def test_a_429_after_a_pause_in_the_calls_is_measured_like_a_first_one() -> None:
+    """Paced at 9,000 a minute since a 429 at t=10; then no call from t=11 to t=20 (the
+    quota's bucket refilled), and 150 a second again until a 429 at t=22. Measured back
+    to t=10, the 450 accepted over 12 s would set the pace to about 2,100; after a pause
+    the 429 is measured over the window before it (300 in 2 s), as a first one, and the
+    pace never rises on such a measure."""
+    assert rates.longest_pause([10.5, 10.9, 21.0], since=10.0, now=22.0) == pytest.approx(10.1)
+
+    async def run() -> float | None:
+        now = [22.0]
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: now[0])
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, rpm=9000.0, rpm_inferred=True)
+        e.inferred_at = 10.0
+        e.sent.extend(10.0 + (i + 1) / 150 for i in range(150))
+        e.sent.extend(20.0 + (i + 1) / 150 for i in range(299))
+        lease = fleet._lease(e, probe=False)
+        lease.sent_at = 22.0
+        e.sent.append(22.0)
+        fleet.rate_limited(lease, rates.RateHeaders(rates.RateLimits(), wait_s=None))
+        fleet.release(lease)
+        await asyncio.sleep(0)
+        return e.record.rpm
+
+    window = 60 * 299 / (2.0 - 1 / 150) * rates.INFERRED_MARGIN  # about 8,550: lower than 9,000, taken
+    assert asyncio.run(run()) == pytest.approx(window)
+
+
 def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:
     # two workers share one schedule; one holding 40% of the demand saw 3,600 rpm accepted
     assert rates.fleet_rpm(3600.0, 0.4) == pytest.approx(9000.0)

@@ -20,11 +20,13 @@ from drcredit import metrics
 from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.rates import (
     ACCEPTED_WINDOW_S,
+    MAX_SEND_GAP_S,
     RATE_CUT,
     RATE_CUT_SPACING_S,
     RateHeaders,
     fleet_rpm,
     inferred_rpm,
+    longest_pause,
 )
 from drcredit.judges.fleet.state import Endpoint, Lease
 from drcredit.judges.fleet.store import EndpointRecord, FleetStore, with_facts
@@ -97,7 +99,11 @@ class Learning:
         self._learn_rates(e, rates)
         if e.record.rpm is not None and not e.record.rpm_inferred:
             return  # the endpoint declared its rate: pacing under it is the answer
-        first = e.inferred_at is None or not e.record.rpm_inferred
+        first = (
+            e.inferred_at is None
+            or not e.record.rpm_inferred
+            or longest_pause(e.sent, e.inferred_at, now) > MAX_SEND_GAP_S
+        )
         since = now - ACCEPTED_WINDOW_S if first or e.inferred_at is None else e.inferred_at
         own = inferred_rpm(e.sent, e.refused, since, now)
         rpm = None if own is None else fleet_rpm(own, e.fraction)

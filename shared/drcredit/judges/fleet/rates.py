@@ -103,6 +103,23 @@ def inferred_rpm(sent_at: Iterable[float], refused_at: Iterable[float], since: f
     return 60.0 * accepted / span * INFERRED_MARGIN
 
 
+#: A later 429 is measured from the previous one only if calls kept going in between: a
+#: pause this long may have let the quota's bucket refill, and what it accepted then
+#: understates its rate (a step's first 429, measured back to the previous step's last,
+#: once set the pace to a sixth of the quota); such a 429 is measured as a first one.
+MAX_SEND_GAP_S = 0.5
+
+
+def longest_pause(sent_at: Iterable[float], since: float, now: float) -> float:
+    """The longest time from ``since`` to ``now`` in which no call was sent."""
+    previous, longest = since, 0.0
+    for t in sent_at:
+        if since <= t <= now:
+            longest = max(longest, t - previous)
+            previous = t
+    return max(longest, now - previous)
+
+
 #: The smallest part of a fleet's calls a process is taken to send (a process that holds
 #: almost none of the demand says little of the fleet's rate).
 MIN_FRACTION = 0.1
