@@ -22,7 +22,6 @@ from drcredit.judges.fleet.endpoints import DEFAULT_BASE_URL, EndpointConfig, pa
 from drcredit.judges.fleet.health import ALIVE_WINDOW_S, FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
 from drcredit.judges.fleet.limits import LatencyWatch, LimitState
 from drcredit.judges.fleet.router import Fleet
-from drcredit.judges.fleet.state import PACED_HEADROOM, Endpoint
 from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
 from drcredit.judges.fleet.transport import PACE_CUT, ConnectPacer
 
@@ -391,18 +390,6 @@ def test_late_answers_cut_the_limit_only_while_the_endpoint_is_busy() -> None:
     idle, busy = asyncio.run(run())
     assert idle == 100.0
     assert busy == pytest.approx(100.0 * limits.LATENCY_CUT)
-
-
-def test_under_a_pace_an_endpoint_takes_what_the_pace_starts_within_one_answer() -> None:
-    e = Endpoint(EndpointConfig("http://judge-0/v1"), EndpointRecord(LimitState(100.0, 100.0, 1)))
-    e.latency.ewma = 2.0
-    assert e.room == e.share == 100  # no pace: the learned limit
-    e.record = dataclasses.replace(e.record, rpm=600.0)
-    assert e.room == math.ceil(10 * 2.0 * PACED_HEADROOM)  # 10 a second for 2 s, x1.25: 25
-    e.fraction = 0.5
-    assert (e.share, e.room) == (50, math.ceil(0.5 * 10 * 2.0 * PACED_HEADROOM))  # this process's half
-    e.record = dataclasses.replace(e.record, rpm=60_000.0)
-    assert e.room == e.share == 50  # a pace far above the limit: the limit
 
 
 # ----------------------------------------------------------------------------- routing

@@ -2,11 +2,10 @@
 
 Calls wait here, not in the judge servers: an endpoint is sent at most this process's
 share of its learned limit (:mod:`~drcredit.judges.fleet.limits`, shared through
-:mod:`~drcredit.judges.fleet.store`), and under a rate limit no more than its pace
-starts within one answer's time (its ``room``), and a waiting call is handed the next free place
+:mod:`~drcredit.judges.fleet.store`), and a waiting call is handed the next free place
 in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has to make:
 the step's longest chains first), arrival order among equals. A call goes to the
-endpoint that would answer it soonest: the least ``latency x (1 + load / room) /
+endpoint that would answer it soonest: the least ``latency x (1 + load / share) /
 weight``, where the load of a full endpoint counts the calls ahead of this one; a call
 waits when that endpoint is full, so a slow replica gets only the calls that would wait
 longer for a fast one (the least urgent). Endpoints out of the rotation
@@ -160,18 +159,17 @@ class Fleet(Learning, Sharing):
             expected = self._expected(e, ahead, fallback)
             if expected < best_time:
                 best, best_time = e, expected
-        return None if best is None or best.in_flight >= best.room else best
+        return None if best is None or best.in_flight >= best.share else best
 
     @staticmethod
     def _expected(e: Endpoint, ahead: int, fallback: float) -> float:
         """Roughly when ``e`` would answer a call with ``ahead`` calls placed before it:
-        ``latency x (1 + load / room) / weight``, the load being its
+        ``latency x (1 + load / share) / weight``, the load being its
         calls in flight plus, when it is full, those ahead (they take its next places).
         The load term spreads calls over equal replicas and moves them off a busy one
         before its latency shows it."""
-        room = e.room
-        load = e.in_flight + (ahead if e.in_flight >= room else 0)
-        return e.pace(fallback) * (1.0 + load / room) / e.config.weight
+        load = e.in_flight + (ahead if e.in_flight >= e.share else 0)
+        return e.pace(fallback) * (1.0 + load / e.share) / e.config.weight
 
     def _typical_pace(self) -> float:
         known = [e.latency.ewma for e in self.endpoints if e.latency.ewma is not None]

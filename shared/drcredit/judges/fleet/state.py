@@ -23,12 +23,6 @@ from drcredit.judges.fleet.store import EndpointRecord
 CALL_PRIORITY: ContextVar[int] = ContextVar("drcredit_call_priority", default=0)
 
 
-#: Under a requests-per-minute pace an endpoint is given this many times the calls its
-#: pace starts within one answer's time: enough to keep the pace busy, few enough that
-#: calls wait for it in the router, in priority order.
-PACED_HEADROOM = 1.25
-
-
 class AllEndpointsDown(Exception):
     """Every endpoint this call may use is out of the rotation."""
 
@@ -70,22 +64,6 @@ class Endpoint:
     def share(self) -> int:
         """Calls this process may have in flight on the endpoint."""
         return max(1, math.floor(self.limit * self.fraction + 1e-9))
-
-    @property
-    def room(self) -> int:
-        """Calls this process may have placed on the endpoint: its share, and under a
-        requests-per-minute pace no more than the pace starts within one answer's time
-        (Little's law), with :data:`PACED_HEADROOM`. Calls placed beyond that only wait
-        for their turns first come first served, where the call a long chain waits on
-        queues behind the others (a rate-limited step's last seconds went to its longest
-        chains, each call a turn's wait behind hundreds); held in the router they wait
-        in priority order."""
-        share = self.share
-        rpm = self.record.rpm
-        if rpm is None or self.latency.ewma is None:
-            return share
-        paced = rpm / 60.0 * self.latency.ewma * PACED_HEADROOM * self.fraction
-        return max(1, min(share, math.ceil(paced)))
 
     def cap(self, record: EndpointRecord) -> float | None:
         """The most calls it may be sent at once: the operator's max_concurrency, or
