@@ -276,6 +276,30 @@ def test_a_429_after_a_pause_in_the_calls_is_measured_like_a_first_one() -> None
     assert asyncio.run(run()) == pytest.approx(window)
 
 
+@pytest.mark.parametrize(("pace", "cooled", "hold_off"), [(None, True, 0.0), (9000.0, False, 1.0)])
+def test_a_429s_retry_after_cools_the_endpoint_only_while_no_pace_is_known(
+    pace: float | None, cooled: bool, hold_off: float
+) -> None:
+    """Without a pace the endpoint cools for the retry-after (nothing else is known);
+    under one the 429 corrects the pace and only the refused call waits its retry-after
+    (one endpoint: nowhere else to go)."""
+
+    async def run() -> tuple[bool, float]:
+        now = [100.0]
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: now[0])
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, rpm=pace, rpm_inferred=pace is not None)
+        lease = fleet._lease(e, probe=False)
+        lease.sent_at = 100.0
+        e.sent.append(100.0)
+        waited = fleet.rate_limited(lease, rates.RateHeaders(rates.RateLimits(), wait_s=1.0))
+        fleet.release(lease)
+        await asyncio.sleep(0)
+        return e.cool_until > now[0], waited
+
+    assert asyncio.run(run()) == (cooled, hold_off)
+
+
 def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:
     # two workers share one schedule; one holding 40% of the demand saw 3,600 rpm accepted
     assert rates.fleet_rpm(3600.0, 0.4) == pytest.approx(9000.0)

@@ -167,10 +167,11 @@ class OpenAIJudge(Judge):
                 raise RetryableError("connection", f"no judge endpoint can be reached ({exc})") from exc
             e = lease.endpoint
             started = time.monotonic()
+            hold_off = 0.0
             try:
                 return await self._exchange(lease, prompt, plan)
             except RateLimited as exc:
-                self.fleet.rate_limited(lease, exc.rates)
+                hold_off = self.fleet.rate_limited(lease, exc.rates)
                 plan.tries.append(self._try("rate_limited", started, str(exc), e))
                 limited_since = limited_since or started
                 if time.monotonic() - limited_since > self.timeout_s:
@@ -185,6 +186,8 @@ class OpenAIJudge(Judge):
                 plan.tries.append(self._try(exc.outcome, started, str(exc), e, exc.prompt_tokens))
             finally:
                 self.fleet.release(lease)
+            if hold_off > 0:
+                await asyncio.sleep(hold_off)  # the refused call honours its retry-after
 
     @staticmethod
     def _try(outcome: str, started: float, error: str, e: Endpoint, prompt_tokens: int = 0) -> Attempt:

@@ -40,6 +40,7 @@ DEFAULT_COOL_S = 1.0
 class Learning:
     """The fleet's handling of exchange outcomes (a part of :class:`~drcredit.judges.fleet.router.Fleet`)."""
 
+    endpoints: list[Endpoint]
     by_url: dict[str, Endpoint]
     store: FleetStore
     listeners: list[Callable[[Endpoint, bool], None]]
@@ -84,10 +85,16 @@ class Learning:
         if rates is not None:
             self._learn_rates(e, rates)
 
-    def rate_limited(self, lease: Lease, rates: RateHeaders) -> None:
-        """A 429: the endpoint is alive but wants fewer calls. It cools for its
-        retry-after; without a rate in its headers, the rate it accepted just before
-        becomes its pace (once per round), or failing that its concurrency is cut."""
+    def rate_limited(self, lease: Lease, rates: RateHeaders) -> float:
+        """A 429: the endpoint is alive but wants fewer calls. Without a rate in its
+        headers, the rate it accepted just before becomes its pace (once per round), or
+        failing that its concurrency is cut.
+
+        Its retry-after is honoured: by the whole endpoint while no pace is known (it
+        cools), else by the refused call alone; returns how long that call holds off
+        the endpoint (0: it cooled, or another endpoint can take the call). Under a
+        pace the 429 corrects the pace; cooling every call for a retry-after servers
+        round up to whole seconds left the quota idle a second per 429."""
         e = lease.endpoint
         now = self._clock()
         self._count(e, "rate_limited")
@@ -95,10 +102,14 @@ class Learning:
         e.refused.append(lease.sent_at)
         if e.health.answered(self._clock()):
             self._notify(e, True)
-        e.cool_until = max(e.cool_until, now + (rates.wait_s if rates.wait_s is not None else DEFAULT_COOL_S))
-        self._learn_rates(e, rates)
+        wait = rates.wait_s if rates.wait_s is not None else DEFAULT_COOL_S
+        paced = e.record.rpm is not None
+        if not paced:
+            e.cool_until = max(e.cool_until, now + wait)
+        self._learn_rates(e, rates, cool=not paced)
+        hold_off = wait if paced and not any(o.health.up for o in self.endpoints if o is not e) else 0.0
         if e.record.rpm is not None and not e.record.rpm_inferred:
-            return  # the endpoint declared its rate: pacing under it is the answer
+            return hold_off  # the endpoint declared its rate: pacing under it is the answer
         first = (
             e.inferred_at is None
             or not e.record.rpm_inferred
@@ -120,7 +131,7 @@ class Learning:
                 # pace was too high; lower it at once (once per RATE_CUT_SPACING_S).
                 e.rate_cut_at = now
                 self._set_inferred(e, e.record.rpm * RATE_CUT)
-            return
+            return hold_off
         e.inferred_at = now
         if first:
             if e.record.rpm is None or rpm < e.record.rpm:
@@ -132,6 +143,7 @@ class Learning:
             # took the margin off again and the pace sank below the quota run after run).
             self._set_inferred(e, rpm)
         self._cut(lease, 1.0)  # slow start ends: the endpoint pushed back
+        return hold_off
 
     def failed(self, lease: Lease, outcome: str, reason: str) -> None:
         """No answer: a connection refused or cut, a timeout, a 5xx."""
@@ -165,8 +177,8 @@ class Learning:
         e.grown = 0.0
         self._background_update(e, lambda r: replace(r, limit=limits.cut(r.limit, lease.epoch, factor)))
 
-    def _learn_rates(self, e: Endpoint, rates: RateHeaders) -> None:
-        if rates.wait_s is not None and rates.wait_s > 0:
+    def _learn_rates(self, e: Endpoint, rates: RateHeaders, *, cool: bool = True) -> None:
+        if cool and rates.wait_s is not None and rates.wait_s > 0:
             e.cool_until = max(e.cool_until, self._clock() + rates.wait_s)
         known = rates.limits
         if (known.rpm is not None and known.rpm != e.record.rpm) or (
