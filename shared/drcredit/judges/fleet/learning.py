@@ -2,10 +2,11 @@
 
 An answer at normal latency from a busy endpoint grows its limit; a 429, a 5xx, a
 connect failure or an answer slowed by queueing cuts it (:mod:`~drcredit.judges.fleet.limits`);
-a 429 cools the endpoint for its ``retry-after`` and teaches its rate
-(:mod:`~drcredit.judges.fleet.rates`); failures without an answer take it out of the
-rotation (:mod:`~drcredit.judges.fleet.health`). What is learned goes to the shared
-record at once (:mod:`~drcredit.judges.fleet.sharing`).
+a 429 teaches the endpoint's rate (:mod:`~drcredit.judges.fleet.rates`) and its
+``retry-after`` is waited out (by the endpoint until a pace is known, then by the refused
+call); failures without an answer take it out of the rotation, connection failures
+once a health check fails too (:mod:`~drcredit.judges.fleet.health`). What is learned
+goes to the shared record at once (:mod:`~drcredit.judges.fleet.sharing`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from drcredit.judges.fleet.store import EndpointRecord, FleetStore, with_facts
 
 log = logging.getLogger("drcredit.judges.fleet")
 
-#: A 429 without retry-after keeps the endpoint cool this long.
+#: A 429 without retry-after is taken to ask this long (of the endpoint while no pace is
+#: known, else of the refused call).
 DEFAULT_COOL_S = 1.0
 
 
