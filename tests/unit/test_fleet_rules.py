@@ -24,6 +24,7 @@ from drcredit.judges.fleet.limits import LatencyWatch, LimitState
 from drcredit.judges.fleet.router import Fleet
 from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
 from drcredit.judges.fleet.transport import PACE_CUT, ConnectPacer
+from tests.support import aio
 
 # ----------------------------------------------------------------------------- endpoints
 
@@ -169,7 +170,7 @@ def test_turns_that_fell_in_a_cooling_are_spent_when_it_ends_not_taken_again() -
         await asyncio.gather(*(fleet.pace(lease, 100.0) for lease in leases if lease is not None))
         return time.monotonic() - started
 
-    took = asyncio.run(run())
+    took = aio.run(run())
     assert 0.3 <= took < 0.55
 
 
@@ -245,7 +246,7 @@ def test_a_later_429_sets_the_pace_to_what_the_quota_refilled_up_as_well_as_down
         await asyncio.sleep(0)
         return e.record.rpm
 
-    assert asyncio.run(run()) == pytest.approx(60 * 90 / (1.0 - 1 / 90) * rates.INFERRED_MARGIN)
+    assert aio.run(run()) == pytest.approx(60 * 90 / (1.0 - 1 / 90) * rates.INFERRED_MARGIN)
 
 
 def test_a_429_after_a_pause_in_the_calls_is_measured_like_a_first_one() -> None:
@@ -273,7 +274,7 @@ def test_a_429_after_a_pause_in_the_calls_is_measured_like_a_first_one() -> None
         return e.record.rpm
 
     window = 60 * 299 / (2.0 - 1 / 150) * rates.INFERRED_MARGIN  # about 8,550: lower than 9,000, taken
-    assert asyncio.run(run()) == pytest.approx(window)
+    assert aio.run(run()) == pytest.approx(window)
 
 
 @pytest.mark.parametrize(("pace", "cooled", "hold_off"), [(None, True, 0.0), (9000.0, False, 1.0)])
@@ -297,7 +298,7 @@ def test_a_429s_retry_after_cools_the_endpoint_only_while_no_pace_is_known(
         await asyncio.sleep(0)
         return e.cool_until > now[0], waited
 
-    assert asyncio.run(run()) == (cooled, hold_off)
+    assert aio.run(run()) == (cooled, hold_off)
 
 
 def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:
@@ -384,7 +385,7 @@ def test_connection_failures_leave_the_rotation_only_when_the_health_check_fails
         await asyncio.sleep(0.01)  # the check runs in the background
         return fleet.endpoints[0].health.up
 
-    assert asyncio.run(run()) is stays_up
+    assert aio.run(run()) is stays_up
     assert checked == ["http://judge-0/v1"]
 
 
@@ -411,7 +412,7 @@ def test_late_answers_cut_the_limit_only_while_the_endpoint_is_busy() -> None:
         answer(3.0, 60)  # late again, now with over half the share out
         return idle, e.record.limit.limit
 
-    idle, busy = asyncio.run(run())
+    idle, busy = aio.run(run())
     assert idle == 100.0
     assert busy == pytest.approx(100.0 * limits.LATENCY_CUT)
 
