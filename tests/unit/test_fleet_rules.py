@@ -22,6 +22,7 @@ from drcredit.judges.fleet.endpoints import DEFAULT_BASE_URL, EndpointConfig, pa
 from drcredit.judges.fleet.health import ALIVE_WINDOW_S, FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
 from drcredit.judges.fleet.limits import LatencyWatch, LimitState
 from drcredit.judges.fleet.router import Fleet
+from drcredit.judges.fleet.state import Endpoint
 from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
 from drcredit.judges.fleet.transport import PACE_CUT, ConnectPacer
 from tests.support import aio
@@ -226,27 +227,41 @@ def test_an_inferred_rate_probes_upward_while_quiet() -> None:
     assert rates.probed_rpm(6000, 2.0) == pytest.approx(6000 * (1 + 2 * rates.RATE_PROBE))
 
 
+def _a_429(
+    now: float,
+    *,
+    rpm: float | None,
+    sent: list[float],
+    inferred_at: float | None = None,
+    wait_s: float | None = None,
+) -> tuple[Endpoint, float]:
+    """One endpoint paced at ``rpm`` (inferred), calls sent at ``sent``, refuses the
+    last of them with a 429 at ``now``: the endpoint afterwards (its shared record
+    adopted) and how long the refused call holds off."""
+
+    async def run() -> tuple[Endpoint, float]:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: now)
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, rpm=rpm, rpm_inferred=rpm is not None)
+        e.inferred_at = inferred_at
+        e.sent.extend(sent)
+        lease = fleet._lease(e, probe=False)
+        lease.sent_at = sent[-1]
+        hold_off = fleet.rate_limited(lease, rates.RateHeaders(rates.RateLimits(), wait_s=wait_s))
+        fleet.release(lease)
+        await asyncio.sleep(0)  # the shared record's update
+        return e, hold_off
+
+    return aio.run(run())
+
+
 def test_a_later_429_sets_the_pace_to_what_the_quota_refilled_up_as_well_as_down() -> None:
     """Paced at 3,000 a minute since a 429 at t=10; by the next 429, at t=11, 90 calls
     sent in between were accepted: the quota refilled 90 in that second (its bucket was
     empty at both 429s), so the pace becomes 90 x 60 with the margin: raised."""
-
-    async def run() -> float | None:
-        now = [11.0]
-        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: now[0])
-        e = fleet.endpoints[0]
-        e.record = dataclasses.replace(e.record, rpm=3000.0, rpm_inferred=True)
-        e.inferred_at = 10.0
-        e.sent.extend(10.0 + (i + 1) / 90 for i in range(90))
-        lease = fleet._lease(e, probe=False)
-        lease.sent_at = 11.0
-        e.sent.append(11.0)
-        fleet.rate_limited(lease, rates.RateHeaders(rates.RateLimits(), wait_s=None))
-        fleet.release(lease)
-        await asyncio.sleep(0)
-        return e.record.rpm
-
-    assert aio.run(run()) == pytest.approx(60 * 90 / (1.0 - 1 / 90) * rates.INFERRED_MARGIN)
+    sent = [10.0 + (i + 1) / 90 for i in range(90)] + [11.0]
+    e, _ = _a_429(11.0, rpm=3000.0, inferred_at=10.0, sent=sent)
+    assert e.record.rpm == pytest.approx(60 * 90 / (1.0 - 1 / 90) * rates.INFERRED_MARGIN)
 
 
 def test_a_429_after_a_pause_in_the_calls_is_measured_like_a_first_one() -> None:
@@ -256,25 +271,10 @@ def test_a_429_after_a_pause_in_the_calls_is_measured_like_a_first_one() -> None
     the 429 is measured over the window before it (300 in 2 s), as a first one, and the
     pace never rises on such a measure."""
     assert rates.longest_pause([10.5, 10.9, 21.0], since=10.0, now=22.0) == pytest.approx(10.1)
-
-    async def run() -> float | None:
-        now = [22.0]
-        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: now[0])
-        e = fleet.endpoints[0]
-        e.record = dataclasses.replace(e.record, rpm=9000.0, rpm_inferred=True)
-        e.inferred_at = 10.0
-        e.sent.extend(10.0 + (i + 1) / 150 for i in range(150))
-        e.sent.extend(20.0 + (i + 1) / 150 for i in range(299))
-        lease = fleet._lease(e, probe=False)
-        lease.sent_at = 22.0
-        e.sent.append(22.0)
-        fleet.rate_limited(lease, rates.RateHeaders(rates.RateLimits(), wait_s=None))
-        fleet.release(lease)
-        await asyncio.sleep(0)
-        return e.record.rpm
-
+    sent = [10.0 + (i + 1) / 150 for i in range(150)] + [20.0 + (i + 1) / 150 for i in range(299)] + [22.0]
+    e, _ = _a_429(22.0, rpm=9000.0, inferred_at=10.0, sent=sent)
     window = 60 * 299 / (2.0 - 1 / 150) * rates.INFERRED_MARGIN  # about 8,550: lower than 9,000, taken
-    assert aio.run(run()) == pytest.approx(window)
+    assert e.record.rpm == pytest.approx(window)
 
 
 @pytest.mark.parametrize(("pace", "cooled", "hold_off"), [(None, True, 0.0), (9000.0, False, 1.0)])
@@ -284,21 +284,8 @@ def test_a_429s_retry_after_cools_the_endpoint_only_while_no_pace_is_known(
     """Without a pace the endpoint cools for the retry-after (nothing else is known);
     under one the 429 corrects the pace and only the refused call waits its retry-after
     (one endpoint: nowhere else to go)."""
-
-    async def run() -> tuple[bool, float]:
-        now = [100.0]
-        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: now[0])
-        e = fleet.endpoints[0]
-        e.record = dataclasses.replace(e.record, rpm=pace, rpm_inferred=pace is not None)
-        lease = fleet._lease(e, probe=False)
-        lease.sent_at = 100.0
-        e.sent.append(100.0)
-        waited = fleet.rate_limited(lease, rates.RateHeaders(rates.RateLimits(), wait_s=1.0))
-        fleet.release(lease)
-        await asyncio.sleep(0)
-        return e.cool_until > now[0], waited
-
-    assert aio.run(run()) == (cooled, hold_off)
+    e, waited = _a_429(100.0, rpm=pace, sent=[100.0], wait_s=1.0)
+    assert (e.cool_until > 100.0, waited) == (cooled, hold_off)
 
 
 def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:
