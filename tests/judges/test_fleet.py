@@ -217,6 +217,22 @@ def test_calls_waiting_for_an_endpoint_go_highest_priority_first() -> None:
     assert order == ["warm-up", "first", "p9", "p5", "p3", "p2", "p1"]
 
 
+def test_a_calls_wait_for_its_turn_is_told_from_the_servers_time() -> None:
+    """Five calls for an endpoint that takes one at a time (0.2 s each): the k-th waits
+    about k x 0.2 s for its place. Each attempt says how much of its latency was that
+    wait, so what is left is the server's own time."""
+    config = json.dumps([{"url": "PLACEHOLDER", "max_concurrency": 1}])
+    with running_judge(delayed(0.2)) as server:
+        judge = judge_of(config.replace("PLACEHOLDER", server.url))
+        judge.judge_visit(visit_request(prior=("warm-up",)))  # the endpoint asked for its context once
+        results = judged(judge, 5)
+    answered = [r.attempts[-1] for r in results]
+    assert all(a.outcome == "ok" for a in answered)
+    assert all(0.15 <= a.latency_s - a.waited_s <= 0.6 for a in answered), [(a.latency_s, a.waited_s) for a in answered]
+    waits = sorted(a.waited_s for a in answered)
+    assert waits[0] < 0.15 and waits[-1] >= 0.6, waits
+
+
 def test_every_endpoint_down_is_the_judge_outage_with_its_deadline() -> None:
     dead = [f"http://127.0.0.1:{free_port()}/v1" for _ in range(2)]
     judge = judge_of(",".join(dead), attempts=2, deadline=1.5)

@@ -7,14 +7,20 @@ import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
 
+from drcredit.judges.attempts import Attempt
+from drcredit.judges.base import JudgeResult
+from drcredit.judges.breaker import CircuitBreaker
 from drcredit.scoring import priority as start_order_module
 from drcredit.scoring.dispatch import UnitRef, unit_batches
 from drcredit.scoring.engine import BatchWriter, Engine, Recent
 from drcredit.scoring.priority import HOLD_MARGIN, MAX_HOLD_S, PrioritySlots, StartOrder
+from drcredit.scoring.work.judging import JudgeCalls
+from drcredit.scoring.work.outages import JudgeOutages
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, copy_rows, held_leases, renew_leases, store_judgments
 from drcredit.storage.database import Database
@@ -365,6 +371,30 @@ def test_the_latency_is_smoothed_and_the_hold_capped() -> None:
     slow.observe_latency(60.0)
     admitted(slow, 11)
     assert slow.hold_s(1) == MAX_HOLD_S
+
+
+def test_the_start_order_learns_the_judges_own_time_not_the_calls_wait_for_a_turn(tmp_path: Path) -> None:
+    """A call that waited 2.5 s of its 3 s for a place on a limited judge teaches a
+    latency of 0.5 s: taken whole, the wait held the step's last snippet calls back for
+    the whole MAX_HOLD_S under a rate limit."""
+    url = f"sqlite:///{tmp_path / 'calls.sqlite3'}"
+    upgrade(url)
+    db = Database(url)
+    engine = Engine(judge_concurrency=4, db_threads=2)
+    outages = JudgeOutages(db, CircuitBreaker("http://judge.test/v1"), engine.db)
+    calls = JudgeCalls(db, engine, outages, threading.Event(), claims=False, worker_id="w", lease_s=60.0)
+    waited = Attempt(1, "ok", 3.0, 10, 5, waited_s=2.5)
+    result: JudgeResult[Any] = JudgeResult("visit", "ok", "m", "openai", None, attempts=[waited])
+
+    async def answered() -> JudgeResult[Any]:
+        return result
+
+    try:
+        engine.submit(calls.call(1, answered)).result(10)
+    finally:
+        engine.close()
+        db.dispose()
+    assert engine.start_order.latency_s == pytest.approx(0.5)
 
 
 def test_a_held_unit_queues_after_its_hold_and_a_deep_one_does_not_wait() -> None:

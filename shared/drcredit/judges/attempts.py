@@ -43,6 +43,10 @@ class Attempt:
     spent: bool = True
     #: The tokens are the platform's estimate (the call was cut off before any usage came).
     estimated: bool = False
+    #: Of ``latency_s``, what the attempt spent on this side before its answering
+    #: exchange (a place on an endpoint, a rate-limit turn, a connection, tries moved
+    #: on the way); 0 for a failed attempt.
+    waited_s: float = 0.0
 
 
 @dataclass

@@ -238,6 +238,7 @@ class Judge(ABC):
                 endpoint=completion.endpoint,
                 model=completion.model,
                 finish_reason=completion.finish_reason,
+                waited_s=completion.waited_s,
             )
             self._record(result, plan, attempt)
             try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 import httpx2
@@ -153,6 +154,7 @@ class OpenAIJudge(Judge):
         """One attempt: over the fleet until an endpoint answers or every one refused."""
         failed: frozenset[str] = frozenset()
         limited_since: float | None = None
+        began = time.monotonic()
         if not self.facts.complete:
             await self.facts.ask_all()
         while True:
@@ -169,7 +171,9 @@ class OpenAIJudge(Judge):
             started = time.monotonic()
             hold_off = 0.0
             try:
-                return await self._exchange(lease, prompt, plan)
+                completion, answered_in = await self._exchange(lease, prompt, plan)
+                # Everything but the answering exchange's own time was spent on this side.
+                return replace(completion, waited_s=max(0.0, time.monotonic() - began - answered_in))
             except RateLimited as exc:
                 hold_off = self.fleet.rate_limited(lease, exc.rates)
                 plan.tries.append(self._try("rate_limited", started, str(exc), e))
@@ -202,9 +206,10 @@ class OpenAIJudge(Judge):
             estimated=prompt_tokens > 0,
         )
 
-    async def _exchange(self, lease: Lease, prompt: Prompt, plan: AttemptPlan) -> Completion:
+    async def _exchange(self, lease: Lease, prompt: Prompt, plan: AttemptPlan) -> tuple[Completion, float]:
         """Send to the leased endpoint, resending at once when its 400 says how to fix
-        the request (no structured output; less room for the answer)."""
+        the request (no structured output; less room for the answer). Returns the answer
+        and the seconds the server took over it (the connection turn waited for left out)."""
         e = lease.endpoint
         config = e.config
         messages = messages_of(prompt, plan)
@@ -277,12 +282,13 @@ class OpenAIJudge(Judge):
                     exc.prompt_tokens = ratio.most(chars)
                 raise
             # The server's latency: the wait for a connection turn was this client's.
-            self.fleet.answered(lease, time.monotonic() - started - queued[0], read_headers(headers, 200))
+            answered_in = time.monotonic() - started - queued[0]
+            self.fleet.answered(lease, answered_in, read_headers(headers, 200))
             completion = completion_of(raw, config.url, max_tokens, context, max_tokens < wanted)
             ratio.observe(chars, completion.prompt_tokens)
             if lease.reserved_tokens:
                 await self.fleet.settle_tokens(lease, completion.prompt_tokens + completion.completion_tokens)
-            return completion
+            return completion, answered_in
 
     def _body(
         self,

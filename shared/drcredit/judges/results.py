@@ -31,6 +31,10 @@ class Completion:
     context_tokens: int | None = None
     #: ``max_tokens`` was lowered below the judge's setting to fit the context window.
     context_bound: bool = False
+    #: Seconds of the attempt spent on this side before the answering exchange: waiting
+    #: for a place on an endpoint, a rate-limit turn or a connection, and tries refused
+    #: or moved on the way (the rest is the server's answer time).
+    waited_s: float = 0.0
 
     @property
     def context_ran_out(self) -> bool:

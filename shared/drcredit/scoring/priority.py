@@ -180,7 +180,9 @@ class StartOrder:
         self._spreading: set[asyncio.Future[None]] = set()
 
     def observe_latency(self, seconds: float) -> None:
-        """An answered call's latency: the pace at which chains advance."""
+        """An answered call's time at the judge (its waits on this side for a place, a
+        rate-limit turn or a connection left out): the pace at which chains advance when
+        nothing holds them."""
         if self.latency_s is None:
             self.latency_s = seconds
         else:

@@ -117,4 +117,5 @@ def _attempt(a: dict[str, Any]) -> dict[str, Any]:
         "model": a.get("model"),
         "finish_reason": a.get("finish_reason"),
         "spent": a.get("spent", True),
+        "waited_s": a.get("waited_s", 0.0),
     }
