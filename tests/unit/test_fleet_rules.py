@@ -75,9 +75,9 @@ def test_a_mistake_in_the_endpoints_names_the_entry_and_field(value: str, messag
 # ----------------------------------------------------------------------------- the learned limit
 
 
-def test_slow_start_adds_one_call_per_answer_until_the_first_push_back() -> None:
+def test_slow_start_adds_three_calls_per_answer_until_the_first_push_back() -> None:
     state = LimitState(limit=32)
-    assert limits.grow(state, 32).limit == 64  # a round of 32 answers doubles it
+    assert limits.grow(state, 32).limit == 128  # a round of 32 answers: fourfold
 
 
 def test_past_slow_start_the_limit_grows_by_the_probe_gain_per_round() -> None:
@@ -88,8 +88,9 @@ def test_past_slow_start_the_limit_grows_by_the_probe_gain_per_round() -> None:
 
 def test_slow_start_stops_at_its_threshold_and_continues_additively() -> None:
     state = LimitState(limit=90, ssthresh=100)
-    grown = limits.grow(state, 20)  # 10 reach the threshold, 10 more add 4 * 10 / 100
-    assert grown.limit == pytest.approx(100 + limits.PROBE_GAIN * 10 / 100)
+    # 10/3 answers reach the threshold (3 calls each); the other 50/3 add 4 * (50/3) / 100
+    grown = limits.grow(state, 20)
+    assert grown.limit == pytest.approx(100 + limits.PROBE_GAIN * (50 / 3) / 100)
 
 
 def test_a_push_back_cuts_the_limit_once_per_round() -> None:
@@ -105,7 +106,7 @@ def test_an_endpoint_back_from_an_outage_resumes_slow_start_in_a_new_round() -> 
     state = limits.cut(limits.cut(LimitState(limit=100.0), 0, 0.7), 1, 0.7)  # 49, past slow start
     back = limits.relearned(state)
     assert (back.limit, back.ssthresh, back.epoch) == (49.0, math.inf, 3)
-    assert limits.grow(back, 10).limit == 59.0  # one more per answer again
+    assert limits.grow(back, 10).limit == 79.0  # three more per answer again
     assert limits.cut(back, 2, 0.7) == back  # a call sent during the outage cuts nothing
 
 

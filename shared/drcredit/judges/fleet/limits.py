@@ -1,8 +1,9 @@
 """How many calls an endpoint is sent at once: learned from what it serves.
 
 The rule is TCP's congestion control, applied to judge calls instead of packets. The
-limit starts small and doubles with every round of answers that come back at normal
-latency (slow start: one more call per answer), until the endpoint first pushes back;
+limit starts small and grows fourfold with every round of answers that come back at
+normal latency (slow start: :data:`SLOW_START_GAIN` more calls per answer), until the
+endpoint first pushes back;
 from then on it grows by :data:`PROBE_GAIN` calls per round (additive increase) and is
 cut on each push-back (multiplicative decrease): by :data:`ERROR_CUT` on a 429, a 5xx,
 a connect failure or a timeout, by :data:`LATENCY_CUT` when answers slow down because
@@ -21,8 +22,16 @@ import math
 from collections import deque
 from dataclasses import dataclass, replace
 
-#: Calls in flight to an endpoint before anything is known of it.
-INITIAL_LIMIT = 32.0
+#: Calls in flight to an endpoint before anything is known of it (fleet-wide).
+INITIAL_LIMIT = 64.0
+#: Calls added per answer at normal latency during slow start: the limit grows fourfold
+#: per round. A round is one judge latency, and a step lasts only as many rounds as its
+#: longest chain (11 in the benchmarks' step) while its first wave is every chain at
+#: once (1,650 there): doubling from 32 (TCP's rule) spent five of those rounds finding
+#: room, and a fresh deployment's first step took 1.25-1.37x its bound (BENCHMARKS.md,
+#: eighteenth round). Starting higher instead sent an unknown slow replica, or a small
+#: quota, a whole first wave.
+SLOW_START_GAIN = 3.0
 #: Never fewer than this in flight (a limit of 0 could never learn again).
 MIN_LIMIT = 1.0
 #: Additive increase, in calls per round of answers, once past slow start.
@@ -67,9 +76,9 @@ def grow(state: LimitState, answers: float) -> LimitState:
     limit = state.limit
     if state.slow_start:
         room = state.ssthresh - limit
-        step = min(answers, room)
+        step = min(answers * SLOW_START_GAIN, room)
         limit += step
-        answers -= step
+        answers -= step / SLOW_START_GAIN
     if answers > 0:
         limit += PROBE_GAIN * answers / max(limit, 1.0)
     return replace(state, limit=state.bounded(limit))
@@ -85,7 +94,7 @@ def cut(state: LimitState, sent_epoch: int, factor: float) -> LimitState:
 
 def relearned(state: LimitState) -> LimitState:
     """The endpoint is back after an outage: it may be a new server, and the cuts its
-    outage caused say little of its capacity, so slow start resumes (the limit doubles
+    outage caused say little of its capacity, so slow start resumes (the limit grows fourfold
     per round again until it first pushes back), in a new round (answers to calls sent
     before cannot cut it)."""
     return replace(state, ssthresh=math.inf, epoch=state.epoch + 1)
