@@ -122,6 +122,49 @@ def test_an_endpoint_killed_mid_batch_moves_its_calls_without_spending_attempts(
     assert sum(repeated.values()) <= len(moved)
 
 
+def test_a_replica_started_again_after_a_kill_gets_back_the_limit_it_had(tmp_path: Path) -> None:
+    """Killed mid-batch, its calls failing to connect cut its limit before it was taken
+    out; started again on its port, it rejoins with the limit it had when it last
+    answered (not the cut one: kept, a replica restarted in the benchmarks came back at
+    one call and served none of the next step's first third), and takes calls at once."""
+    with judge_process(tmp_path, delay=0.3) as a, judge_process(tmp_path, delay=0.3) as b:
+        judge = judge_of(f"{a.url},{b.url}", attempts=2)
+        replica = judge.fleet.by_url[a.url]
+
+        async def run() -> tuple[list[JudgeResult[Any]], list[JudgeResult[Any]], float, float, float, float]:
+            async def batch(n: int, tag: str) -> list[JudgeResult[Any]]:
+                calls = [judge.ajudge_visit(visit_request(prior=(f"{tag} {i}",))) for i in range(n)]
+                return list(await asyncio.gather(*calls))
+
+            async def kill_a() -> float:
+                while len(a.calls()) < 300:  # its limit has grown well past the initial one
+                    await asyncio.sleep(0.02)
+                a.kill()
+                return replica.answered_limit or 0.0
+
+            first, had = await asyncio.gather(batch(1200, "first"), kill_a())
+            deadline = time.monotonic() + 30
+            while replica.health.up and time.monotonic() < deadline:  # its health check finds it gone
+                await batch(300, "while out")
+            cut_to = replica.limit
+            with judge_process(tmp_path, delay=0.3, port=a.port):
+                while not replica.health.up and time.monotonic() < deadline:  # and back
+                    await batch(1, "probe")
+                back_to = replica.limit
+                b_limit = judge.fleet.by_url[b.url].limit
+                second = await batch(300, "second")
+            await judge.aclose()
+            return first, second, had, cut_to, back_to, b_limit
+
+        first, second, had, cut_to, back_to, b_limit = asyncio.run(run())
+    assert all(r.status == "ok" for r in first + second)
+    assert cut_to < had <= back_to, (cut_to, had, back_to)
+    # Its latency is learnt again too (the last answers before the kill, slowed by the
+    # load, made it look slower than the other): it takes its part of the calls at once.
+    on_a = sum(1 for r in second if r.attempts[-1].endpoint == a.url)
+    assert on_a >= 0.5 * 300 * back_to / (back_to + b_limit), (on_a, back_to, b_limit)
+
+
 def test_a_rate_limited_judge_that_states_its_rate_is_paced_under_it() -> None:
     quota = RateLimit(per_s=40, burst=40, headers=True)
     with running_judge(delayed(0.2), rate=quota) as server:

@@ -328,14 +328,15 @@ class JudgeProcess:
 
 
 @contextmanager
-def judge_process(workdir: Path, delay: float = 0.0) -> Iterator[JudgeProcess]:
+def judge_process(workdir: Path, delay: float = 0.0, port: int | None = None) -> Iterator[JudgeProcess]:
+    """``port``: a port of its own (a replica started again where a killed one served)."""
     import subprocess
     import sys
 
     import httpx
 
-    port = free_port()
-    judge = JudgeProcess(port, workdir / f"judge-{port}.calls.jsonl")
+    port = port or free_port()
+    judge = JudgeProcess(port, workdir / f"judge-{port}-{time.monotonic_ns()}.calls.jsonl")
     argv = [sys.executable, "-m", "tests.support.judge_server", "--port", str(port), "--delay", str(delay)]
     judge.process = subprocess.Popen([*argv, "--calls-log", str(judge.calls_log)])
     try:

@@ -162,6 +162,8 @@ def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, p
             f"{j['prompt_tokens']:,} prompt tokens ({j['cached_prompt_tokens']:,} cached)"
         )
         expect(lines.nth(k)).to_contain_text(f"{j['completion_tokens']:,} completion tokens")
+        waited = sum(a["waited_s"] for a in j["attempts"])
+        expect(lines.nth(k)).to_contain_text(f"{j['latency_s']:.2f} s, {waited:.2f} s of it waiting its turn")
     page.click('.cell.outcome[data-rollout="b"]')
     b = adv["rollouts"][1]["usage"]
     expect(page.locator("#details [data-rollout-usage]")).to_contain_text(

@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import math
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -103,11 +104,21 @@ def test_a_push_back_cuts_the_limit_once_per_round() -> None:
 
 
 def test_an_endpoint_back_from_an_outage_resumes_slow_start_in_a_new_round() -> None:
-    state = limits.cut(limits.cut(LimitState(limit=100.0), 0, 0.7), 1, 0.7)  # 49, past slow start
+    state = limits.cut(limits.cut(LimitState(limit=300.0), 0, 0.7), 1, 0.7)  # 147, past slow start
     back = limits.relearned(state)
-    assert (back.limit, back.ssthresh, back.epoch) == (49.0, math.inf, 3)
-    assert limits.grow(back, 10).limit == 79.0  # three more per answer again
+    assert (back.limit, back.ssthresh, back.epoch) == (147.0, math.inf, 3)
+    assert limits.grow(back, 10).limit == 177.0  # three more per answer again
     assert limits.cut(back, 2, 0.7) == back  # a call sent during the outage cuts nothing
+
+
+def test_an_endpoint_back_from_an_outage_gets_the_limit_it_had_when_it_last_answered() -> None:
+    # Its calls failing to connect cut it to the floor before it was taken out.
+    state = LimitState(limit=1.0, ssthresh=1.0, epoch=9)
+    assert limits.relearned(state, before=3600.0).limit == 3600.0
+    # Never answered in this process: at least what an unknown endpoint gets.
+    assert limits.relearned(state).limit == limits.INITIAL_LIMIT
+    # Within its cap all the same.
+    assert limits.relearned(replace(state, cap=8.0), before=3600.0).limit == 8.0
 
 
 def test_the_limit_never_falls_below_one_nor_rises_above_its_cap() -> None:

@@ -67,7 +67,8 @@ class Learning:
         e = lease.endpoint
         self._count(e, "answered")
         if e.health.answered(self._clock()):
-            self._notify(e, True)
+            self._notify(e, True)  # back from an outage: its limit before it comes back too
+        e.answered_limit = e.record.limit.limit
         if latency_s is None:
             return
         late = e.latency.observe(latency_s)
@@ -162,9 +163,13 @@ class Learning:
     def _notify(self, e: Endpoint, up: bool) -> None:
         if up:
             log.warning("judge endpoint %s back in the rotation", e.url)
-            e.record = replace(e.record, limit=limits.relearned(e.record.limit))
+            before = e.answered_limit
+            e.record = replace(e.record, limit=limits.relearned(e.record.limit, before))
             e.grown = 0.0
-            self._background_update(e, lambda r: replace(r, limit=limits.relearned(r.limit)))
+            # Its latency is learnt again too (it may be another server now): kept, the
+            # answers slowed by the load before its outage sent every call to the others.
+            e.latency = limits.LatencyWatch()
+            self._background_update(e, lambda r: replace(r, limit=limits.relearned(r.limit, before)))
         for listener in self.listeners:
             try:
                 listener(e, up)

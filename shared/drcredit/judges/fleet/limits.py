@@ -92,12 +92,16 @@ def cut(state: LimitState, sent_epoch: int, factor: float) -> LimitState:
     return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1)
 
 
-def relearned(state: LimitState) -> LimitState:
-    """The endpoint is back after an outage: it may be a new server, and the cuts its
-    outage caused say little of its capacity, so slow start resumes (the limit grows fourfold
-    per round again until it first pushes back), in a new round (answers to calls sent
-    before cannot cut it)."""
-    return replace(state, ssthresh=math.inf, epoch=state.epoch + 1)
+def relearned(state: LimitState, before: float | None = None) -> LimitState:
+    """The endpoint is back after an outage. The cuts its outage caused (its calls failing
+    to connect until it was taken out) say nothing of its capacity: it gets back
+    ``before``, the limit it had when it last answered (a restarted replica is usually
+    the same server), and at least :data:`INITIAL_LIMIT`, and slow start resumes (it may
+    be a larger server now), in a new round (answers to calls sent before cannot cut it).
+    Kept at the cut value, a replica restarted after a kill came back at one call and
+    served none of the next step's first third (BENCHMARKS.md, eighteenth round)."""
+    limit = state.bounded(max(state.limit, before or 0.0, INITIAL_LIMIT))
+    return replace(state, limit=limit, ssthresh=math.inf, epoch=state.epoch + 1)
 
 
 def capped(state: LimitState, cap: float | None) -> LimitState:

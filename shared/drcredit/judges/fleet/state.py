@@ -41,6 +41,8 @@ class Endpoint:
     cool_until: float = 0.0
     #: Answers at normal latency while busy, not yet added to the shared limit.
     grown: float = 0.0
+    #: The limit when the endpoint last answered: what an outage's cuts fell from.
+    answered_limit: float | None = None
     counts: Counter[str] = field(default_factory=Counter)
     #: When calls were sent, and those refused with a 429 (the rate the endpoint
     #: accepts), the last 429, and seconds calls waited for its pace since the last report.

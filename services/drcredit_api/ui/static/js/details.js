@@ -86,6 +86,11 @@
         ...(j.estimated_prompt_tokens ? [", ", num("prompt_tokens", count(j.estimated_prompt_tokens) + " estimated")] : []),
         ") · ",
         num("completion_tokens", count(j.completion_tokens) + " completion tokens"));
+      if (j.latency_s !== null && j.latency_s !== undefined) {
+        const waited = j.attempts.reduce((sum, a) => sum + (a.waited_s || 0), 0);
+        parts.push(" · ", num("judge_time", fmt(j.latency_s, 2) + " s, " + fmt(waited, 2) + " s of it waiting its turn",
+          { "data-latency": j.latency_s, "data-waited": waited }));
+      }
     }
     return el("li", { class: "muted", "data-usage": "" }, parts);
   }

@@ -30,6 +30,7 @@
     prompt_tokens: ["prompt tokens", "Tokens of the requests sent to the judge, as its server counted them, over every attempt; a call cut off by its timeout counts the platform's upper estimate."],
     cached_tokens: ["cached prompt tokens", "The part of the prompt tokens the judge server answered from its prefix cache, where it reports it (usually billed lower)."],
     completion_tokens: ["completion tokens", "Tokens the judge wrote in its answers, over every attempt."],
+    judge_time: ["judge time", "Seconds from the judgment's first request to its answer, every attempt counted; of it, the time its requests waited on the service's side for their turn (a place on an endpoint, a rate-limit turn, a connection) before the judge took them."],
     cost: ["cost (USD)", "The tokens at the price set in DRCREDIT_JUDGE_PRICE: uncached prompt tokens × in + cached prompt tokens × cached + completion tokens × out, per million tokens; – when no price is set."],
     answered_by: ["answered by", "The model the judge server said answered and the endpoint that served it (for a reused answer: the call it came from)."],
     judgments_failed: ["failed judgments", "Judgments that still failed after their retries; the turns whose credit depends on them are unscorable."],
