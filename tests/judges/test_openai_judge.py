@@ -261,11 +261,13 @@ def test_openai_backend_needs_a_model_name() -> None:
     assert build_judge(Settings(judge="offline")).model == "offline-lexical-v1"
 
 
-def test_calls_in_flight_double_with_each_round_of_answers_until_hundreds_are_in_flight() -> None:
-    """Slow start over real HTTP: 32 calls at first, then one more per answer that comes
-    back at normal latency, so each round of answers doubles what is in flight; the
-    client itself caps nothing (aiohttp's default pool once capped a worker at 100)."""
+def test_calls_in_flight_grow_fourfold_with_each_round_of_answers_until_hundreds_are_in_flight() -> None:
+    """Slow start over real HTTP: 64 calls at first, then three more per answer that comes
+    back at normal latency, so each round of answers makes what is in flight fourfold;
+    the client itself caps nothing (aiohttp's default pool once capped a worker at 100)."""
     import asyncio
+
+    from drcredit.judges.fleet import limits
 
     def slow(call: Call) -> Reply:
         return Reply.json(GOOD, delay=1.0)
@@ -279,12 +281,13 @@ def test_calls_in_flight_double_with_each_round_of_answers_until_hundreds_are_in
 
         statuses = asyncio.run(many())
     assert statuses == ["ok"] * 600
+    assert (limits.INITIAL_LIMIT, limits.SLOW_START_GAIN) == (64, 3)
     start = server.calls[0].received_at
     arrivals = sorted(c.received_at - start for c in server.calls)
-    # Nothing is answered before 1 s: until then only the initial 32 calls can go, and
-    # until the second round's answers at most 32 + 64 (each answer admits two calls).
-    assert sum(1 for t in arrivals if t < 0.95) <= 32
-    assert sum(1 for t in arrivals if t < 1.95) <= 96
+    # Nothing is answered before 1 s: until then only the initial 64 calls can go, and
+    # until the second round's answers at most 64 + 256 (each answer admits four calls).
+    assert sum(1 for t in arrivals if t < 0.95) <= 64
+    assert sum(1 for t in arrivals if t < 1.95) <= 64 + 256
     assert server.peak_in_flight >= 250, server.peak_in_flight
 
 

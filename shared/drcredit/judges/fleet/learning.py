@@ -68,7 +68,10 @@ class Learning:
         self._count(e, "answered")
         if e.health.answered(self._clock()):
             self._notify(e, True)  # back from an outage: its limit before it comes back too
-        e.answered_limit = e.record.limit.limit
+        if lease.epoch >= e.record.limit.epoch:
+            # Sent under the limit as it stands: a late answer to a call sent before a cut
+            # (a replica's last answers read after its kill cut it) says nothing of it.
+            e.answered_limit = e.record.limit.limit
         if latency_s is None:
             return
         late = e.latency.observe(latency_s)
