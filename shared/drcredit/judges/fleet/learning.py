@@ -67,7 +67,7 @@ class Learning:
         e = lease.endpoint
         self._count(e, "answered")
         if e.health.answered(self._clock()):
-            self._notify(e, True)  # back from an outage: its limit before it comes back too
+            self._notify(e, True)  # back from an outage, with the limit it had before it
         if lease.epoch >= e.record.limit.epoch:
             # Sent under the limit as it stands: a late answer to a call sent before a cut
             # (a replica's last answers read after its kill cut it) says nothing of it.
