@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import math
 import time
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
@@ -118,7 +117,7 @@ def test_an_endpoint_back_from_an_outage_gets_the_limit_it_had_when_it_last_answ
     # Never answered in this process: at least what an unknown endpoint gets.
     assert limits.relearned(state).limit == limits.INITIAL_LIMIT
     # Within its cap all the same.
-    assert limits.relearned(replace(state, cap=8.0), before=3600.0).limit == 8.0
+    assert limits.relearned(dataclasses.replace(state, cap=8.0), before=3600.0).limit == 8.0
 
 
 def test_the_limit_never_falls_below_one_nor_rises_above_its_cap() -> None:
