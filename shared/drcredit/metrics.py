@@ -92,6 +92,44 @@ ROLLOUT_CACHE_BYTES = Gauge(
 )
 SWEEPS = Counter("drcredit_sweep_redispatched_total", "Work units re-dispatched by the sweeper")
 
+# Named here first so that the code, the Grafana dashboard and the alert rules agree on one name
+# each: the calls the fleet holds back, answers reused from identical requests, each tenant's use
+# of the judge and its budgets, and the drift of a run's judgments.
+JUDGE_CALLS_WAITING = Gauge(
+    "drcredit_judge_calls_waiting", "Judge calls this process holds back, waiting for a place on an endpoint"
+)
+JUDGE_REUSED = Counter(
+    "drcredit_judge_reused_total", "Judgments answered from an identical request answered before (no call)", ["kind"]
+)
+TENANT_JUDGE_CALLS = Counter("drcredit_tenant_judge_calls_total", "Judge calls made for each tenant", ["tenant"])
+TENANT_JUDGE_TOKENS = Counter(
+    "drcredit_tenant_judge_tokens_total",
+    "Judge tokens spent for each tenant by direction (prompt, completion, cached_prompt)",
+    ["tenant", "direction"],
+)
+TENANT_JUDGE_COST = Counter(
+    "drcredit_tenant_judge_cost_usd_total", "What each tenant's judge tokens cost at DRCREDIT_JUDGE_PRICE", ["tenant"]
+)
+TENANT_CALLS_WAITING = Gauge(
+    "drcredit_tenant_calls_waiting", "Judge calls of each tenant waiting for their share of the fleet", ["tenant"]
+)
+TENANT_FLEET_SHARE = Gauge(
+    "drcredit_tenant_fleet_share", "Each tenant's share of the judge calls served over the last minute", ["tenant"]
+)
+TENANT_BUDGET_USED = Gauge(
+    "drcredit_tenant_budget_used_ratio",
+    "Part of each tenant budget used in its current window (1: spent)",
+    ["tenant", "budget"],
+)
+RUN_DRIFT = Gauge(
+    "drcredit_run_drift",
+    "Total variation distance of a run's latest step's judge levels from its first three steps",
+    ["tenant", "run", "kind"],
+)
+RUN_DRIFT_FLAGGED = Gauge(
+    "drcredit_run_drift_flagged", "1 while a run's latest step drifted past drift_threshold", ["tenant", "run", "kind"]
+)
+
 
 @lru_cache(maxsize=512)
 def _judgment_children(backend: str, kind: str, status: str) -> tuple[Any, Any, Any, Any, Any]:
