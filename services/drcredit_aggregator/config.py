@@ -5,6 +5,6 @@ threads keep the database round trips overlapped.
 """
 
 from drcredit.broker.queues import CREDIT_AGGREGATOR
-from drcredit.broker.worker import WorkerConfig
+from drcredit.wiring.worker import WorkerConfig
 
 WORKER = WorkerConfig(queue=CREDIT_AGGREGATOR, concurrency=4, tasks_module="drcredit_aggregator.tasks")

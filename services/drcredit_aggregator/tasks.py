@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from drcredit.broker.queues import AGGREGATE_GROUP, CREDIT_AGGREGATOR
-from drcredit.broker.worker import run_aggregation_task
+from drcredit.wiring.worker import run_aggregation_task
 
 
 @shared_task(name=AGGREGATE_GROUP, bind=True, max_retries=40)

@@ -12,8 +12,8 @@ from fastapi_offline import FastAPIOffline
 import drcredit
 from drcredit.broker.consumers import CachedCensus, ConsumerRegistry
 from drcredit.scoring.results.events import NotificationListener
-from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings, get_settings
+from drcredit.wiring.runtime import Runtime
 from drcredit_api import analytics, audits, operations
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import router

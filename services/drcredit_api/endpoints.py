@@ -19,8 +19,8 @@ from drcredit.scoring.errors import NotFound, NotReady, Unavailable
 from drcredit.scoring.results import breakdown, documents
 from drcredit.scoring.results.replay import replay
 from drcredit.scoring.results.usage import group_usage
-from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
+from drcredit.wiring.runtime import Runtime
 from drcredit_api import queues, schemas
 from drcredit_api.auth import tenant_of
 

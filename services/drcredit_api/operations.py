@@ -13,9 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
 from drcredit import metrics
-from drcredit.scoring.runtime import Runtime
 from drcredit.scoring.work.outages import endpoint_states
 from drcredit.storage import models as m
+from drcredit.wiring.runtime import Runtime
 from drcredit_api import queues
 from drcredit_api.endpoints import RuntimeDep, read_db
 

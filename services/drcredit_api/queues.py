@@ -21,7 +21,7 @@ from drcredit.broker.queues import ALL_QUEUES
 from drcredit.broker.waits import IdleQueues
 from drcredit.scoring.errors import NotReady
 from drcredit.scoring.results import documents
-from drcredit.scoring.runtime import Runtime
+from drcredit.wiring.runtime import Runtime
 
 log = logging.getLogger("drcredit.api")
 

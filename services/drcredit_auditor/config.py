@@ -7,6 +7,6 @@ an audit's judge calls at the thread count.
 """
 
 from drcredit.broker.queues import AUDITOR
-from drcredit.broker.worker import WorkerConfig
+from drcredit.wiring.worker import WorkerConfig
 
 WORKER = WorkerConfig(queue=AUDITOR, concurrency=4, tasks_module="drcredit_auditor.tasks", pin_concurrency=False)

@@ -10,7 +10,7 @@ from celery import shared_task
 from drcredit import metrics
 from drcredit.audit import service
 from drcredit.broker.queues import AUDITOR, RUN_AUDIT
-from drcredit.broker.worker import current_runtime
+from drcredit.wiring.worker import current_runtime
 
 
 @shared_task(name=RUN_AUDIT, bind=True)

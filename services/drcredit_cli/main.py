@@ -30,9 +30,9 @@ from drcredit.process import raise_open_files_limit, tune_gc
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.errors import Conflict
 from drcredit.scoring.results import documents
-from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
 from drcredit.storage import models as m
+from drcredit.wiring.runtime import Runtime
 from drcredit_cli.audit import audit_app
 from drcredit_cli.flags import Command, Group
 from drcredit_cli.report import report as report_command
@@ -326,7 +326,7 @@ def worker(
     import importlib
     import os
 
-    from drcredit.broker import worker as worker_mod
+    from drcredit.wiring import worker as worker_mod
 
     settings = _settings()
     configure_logging(settings)

@@ -6,6 +6,6 @@ as coroutines and the concurrency is the judge calls this worker keeps in flight
 """
 
 from drcredit.broker.queues import OUTCOME_JUDGE
-from drcredit.broker.worker import WorkerConfig
+from drcredit.wiring.worker import WorkerConfig
 
 WORKER = WorkerConfig(queue=OUTCOME_JUDGE, concurrency=64, tasks_module="drcredit_outcome_judge.tasks")

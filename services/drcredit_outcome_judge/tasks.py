@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from drcredit.broker.queues import JUDGE_OUTCOME, OUTCOME_JUDGE
-from drcredit.broker.worker import run_units_task, unit_refs
+from drcredit.wiring.worker import run_units_task, unit_refs
 
 
 @shared_task(name=JUDGE_OUTCOME, bind=True, max_retries=40)

@@ -8,6 +8,6 @@ number of messages this worker takes at once. Judge calls in flight are set apar
 """
 
 from drcredit.broker.queues import VISIT_JUDGE
-from drcredit.broker.worker import WorkerConfig
+from drcredit.wiring.worker import WorkerConfig
 
 WORKER = WorkerConfig(queue=VISIT_JUDGE, concurrency=512, tasks_module="drcredit_visit_judge.tasks")

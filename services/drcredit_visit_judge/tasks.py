@@ -7,7 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from drcredit.broker.queues import RUN_VISIT_CHAIN, VISIT_JUDGE
-from drcredit.broker.worker import run_units_task, unit_refs
+from drcredit.wiring.worker import run_units_task, unit_refs
 
 
 @shared_task(name=RUN_VISIT_CHAIN, bind=True, max_retries=40)

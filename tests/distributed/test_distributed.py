@@ -24,8 +24,8 @@ from fastapi.testclient import TestClient
 from drcredit.domain.group import GroupIn
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.results import documents
-from drcredit.scoring.runtime import Runtime
 from drcredit.storage.migrate import upgrade
+from drcredit.wiring.runtime import Runtime
 from tests.support.api import api_client, settings_for
 from tests.support.infra import REDIS_URL
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge

@@ -8,9 +8,9 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from drcredit.scoring.runtime import Runtime
 from drcredit.scoring.work.rollout_cache import RolloutCache
 from drcredit.storage import repository as repo
+from drcredit.wiring.runtime import Runtime
 from tests.pipeline.test_pipeline import REPEAT, levels, runtime, score
 from tests.support.api import settings_for
 from tests.support.builders import answer, group, page, rollout, search, visit

@@ -13,8 +13,8 @@ from sqlalchemy import text
 
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.results.events import GroupEvents, NotificationListener, announce_final
-from drcredit.scoring.runtime import Runtime
 from drcredit.storage.database import Database
+from drcredit.wiring.runtime import Runtime
 from tests.support.api import settings_for
 from tests.support.builders import answer, group, page, rollout, search, visit
 from tests.support.infra import postgres_database

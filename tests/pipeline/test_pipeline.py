@@ -19,9 +19,9 @@ from sqlalchemy import select, update
 from drcredit.domain.group import GroupIn
 from drcredit.scoring.dispatch import InProcessDispatcher
 from drcredit.scoring.results import breakdown, documents
-from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, store_judgments
+from drcredit.wiring.runtime import Runtime
 from tests.support.api import settings_for
 from tests.support.builders import answer, group, page, rollout, rubric, search, visit
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge

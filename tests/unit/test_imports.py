@@ -87,6 +87,59 @@ def test_the_domain_imports_only_the_standard_library_pydantic_and_itself() -> N
         assert not inner, f"{path.name} imports {sorted(inner)} outside the domain"
 
 
+#: The packages' layers (docs/architecture.md, "Who may import what"): a package imports
+#: only packages of a lower layer. ``wiring`` is the composition root: it builds a process
+#: from ``scoring``, ``broker`` and ``audit``, so none of them (nor anything else in the
+#: library) may import it, and ``scoring`` may not import the packages built on it.
+#: Top-level modules (settings, metrics, logs, process) and packages not listed are free.
+LAYERS = {
+    "domain": 0,
+    "judges": 1,
+    "storage": 1,
+    "scoring": 2,
+    "analytics": 3,
+    "audit": 3,
+    "broker": 3,
+    "wiring": 4,
+}
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
+
+
+def layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    out: list[str] = []
+    for name, targets in sorted(edges.items()):
+        source = package_of(name)
+        for target in sorted(targets):
+            dest = package_of(target)
+            if source in LAYERS and dest in LAYERS and source != dest and LAYERS[dest] >= LAYERS[source]:
+                out.append(f"{name} -> {target}")
+    return out
+
+
+def test_no_package_imports_one_of_its_own_layer_or_above() -> None:
+    violations = layer_violations(graph())
+    assert not violations, "imports against the layers:\n" + "\n".join(violations)
+
+
+def test_the_layer_check_refuses_scoring_importing_broker_or_audit() -> None:
+    """The checker itself: the two arrows that once ran back up are refused."""
+    assert layer_violations(
+        {
+            "drcredit.scoring.engine": {"drcredit.broker.app", "drcredit.audit.judges", "drcredit.storage.database"},
+            "drcredit.wiring.runtime": {"drcredit.broker.app"},
+            "drcredit.broker.dispatch": {"drcredit.wiring.runtime"},
+        }
+    ) == [
+        "drcredit.broker.dispatch -> drcredit.wiring.runtime",
+        "drcredit.scoring.engine -> drcredit.audit.judges",
+        "drcredit.scoring.engine -> drcredit.broker.app",
+    ]
+
+
 def test_the_cycle_check_sees_a_function_level_import(tmp_path: Path) -> None:
     """The checker itself: an import inside a function is an edge like any other."""
     source = "def f():\n    from drcredit.scoring.pipeline import Pipeline\n"

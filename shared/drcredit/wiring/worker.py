@@ -1,6 +1,6 @@
 """What every ``drcredit worker`` process runs besides Celery itself.
 
-One :class:`~drcredit.scoring.runtime.Runtime` per process (database pool sized to the
+One :class:`~drcredit.wiring.runtime.Runtime` per process (database pool sized to the
 worker's concurrency, one judge client, a Celery dispatcher), a Prometheus endpoint, a
 sweeper thread that re-sends work whose message was lost (Redis restarted, a worker was
 killed), a heartbeat that says which queues this worker consumes
@@ -27,8 +27,8 @@ from drcredit.broker.consumers import ConsumerHeartbeat, ConsumerRegistry
 from drcredit.broker.dispatch import CeleryDispatcher
 from drcredit.broker.queues import ALL_QUEUES, AUDITOR, CREDIT_AGGREGATOR, UNIT_QUEUES
 from drcredit.scoring.dispatch import UnitKind, UnitRef
-from drcredit.scoring.runtime import Runtime
 from drcredit.settings import Settings
+from drcredit.wiring.runtime import Runtime
 
 log = logging.getLogger("drcredit.worker")
 
