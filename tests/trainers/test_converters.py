@@ -512,24 +512,44 @@ def test_search_without_results(response: str, error: str | None) -> None:
 
 
 @pytest.mark.parametrize(
-    "response",
+    ("response", "ids"),
     [
-        json.dumps(
-            [{"url": "https://a.org", "evidence": "ev a", "summary": "sum a"}, {"url": "https://b.org", "error": "404"}]
+        (
+            json.dumps(
+                [
+                    {"url": "https://a.org", "evidence": "ev a", "summary": "sum a"},
+                    {"url": "https://b.org", "error": "404"},
+                ]
+            ),
+            ("W1", "W2"),
         ),
-        json.dumps({"pages": [{"evidence": "ev a", "summary": "sum a"}, {"content": "Failed to fetch https://b.org"}]}),
-        '<webpage id="W7" url="https://a.org"><summary>sum a</summary><evidence>ev a</evidence></webpage>\n'
-        '<webpage url="https://b.org" error="404"/>',
-        "Visited 2 pages:\nURL: https://a.org\nSummary: sum a\nEvidence: ev a\n\nURL: https://b.org\nError: 404\n",
-        "## Page 1: https://a.org\nTitle: A\nEvidence:\nev a\nSummary:\nsum a\n---\n## Page 2: https://b.org\n"
-        "HTTP 404 Not Found\n",
+        (
+            json.dumps(
+                {"pages": [{"evidence": "ev a", "summary": "sum a"}, {"content": "Failed to fetch https://b.org"}]}
+            ),
+            ("W1", "W2"),
+        ),
+        (
+            '<webpage id="W7" url="https://a.org"><summary>sum a</summary><evidence>ev a</evidence></webpage>\n'
+            '<webpage url="https://b.org" error="404"/>',
+            ("W7", "W1"),  # the id the tool printed is kept; the page it printed none for gets the first free one
+        ),
+        (
+            "Visited 2 pages:\nURL: https://a.org\nSummary: sum a\nEvidence: ev a\n\nURL: https://b.org\nError: 404\n",
+            ("W1", "W2"),
+        ),
+        (
+            "## Page 1: https://a.org\nTitle: A\nEvidence:\nev a\nSummary:\nsum a\n---\n## Page 2: https://b.org\n"
+            "HTTP 404 Not Found\n",
+            ("W1", "W2"),
+        ),
     ],
 )
-def test_visit_formats(response: str) -> None:
+def test_visit_formats(response: str, ids: tuple[str, str]) -> None:
     turn = only_turn(visit_call(response, ["https://a.org", "https://b.org"]))
     assert turn["call"] == {"urls": ["https://a.org", "https://b.org"], "goal": "facts"}
-    assert turn["pages"][0] == page("W1", "https://a.org", "ev a", "sum a")
-    assert turn["pages"][1]["id"] == "W2" and turn["pages"][1]["url"] == "https://b.org"
+    assert turn["pages"][0] == page(ids[0], "https://a.org", "ev a", "sum a")
+    assert turn["pages"][1]["id"] == ids[1] and turn["pages"][1]["url"] == "https://b.org"
     assert turn["pages"][1]["error"] and turn["pages"][1]["evidence"] == ""
 
 

@@ -92,7 +92,6 @@ def test_search_r1_tags_with_custom_tool_names() -> None:
 
 
 def test_unreadable_trajectories_become_error_records() -> None:
-    assert "no policy tokens" in record_from_tokens([1, 2], [0, 0], decode)["error"]
     assert "policy mask of shape" in record_from_tokens([1, 2], [1], decode)["error"]
     ids, mask, _ = layout([("<tool_call>{not json}</tool_call>", True), ("<tool_response>x</tool_response>", False)])
     record = record_from_tokens(ids, mask, decode)
@@ -172,3 +171,42 @@ def test_token_rollouts_scored_by_the_real_service(tmp_path: Path) -> None:
         for value, (start, end) in zip(values, spans, strict=True):
             assert scored.values[k][start:end].tolist() == pytest.approx([value] * (end - start))
         assert not scored.values[k][[m == 0 for m in mask]].any()
+
+
+def test_a_response_without_policy_tokens_is_a_rollout_with_no_turns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row whose mask a trainer zeroed (overlong filtering) does not stop the step: it is scored
+    as a rollout with no turns (its reward still counts in the outcome normalization), with a
+    warning naming it, and none of its tokens gets a value."""
+    from drcredit.client import DrCreditClient
+    from drcredit.trainers.scoring import score_step
+    from drcredit.trainers.settings import DrCreditSettings
+    from drcredit_api.app import create_app
+    from tests.support.api import settings_for
+    from tests.support.live import serving
+
+    record = record_from_tokens([1, 2], [0, 0], decode)
+    assert record["error"] is None and record["turns"] == [] and "no policy tokens" in record["warning"]
+    search = {"name": "search", "arguments": {"query": "q"}}
+    parts = [(f"<tool_call>{json.dumps(search)}</tool_call>", True), (json.dumps(RESULTS), False), ("done", True)]
+    ids, mask, _ = layout(parts)
+    rubrics = [{"id": "R1", "type": "factual", "description": "It says so.", "weight": 1.0}]
+    rows = []
+    with caplog.at_level("WARNING", logger="drcredit.trainers"):
+        for k, row_mask in enumerate([mask, mask, [0] * len(mask)]):
+            rows.append(
+                token_rollout(
+                    "p", f"r{k}", ids, row_mask, decode, question="What?", rubrics=rubrics, outcome_reward=float(k)
+                )
+            )
+    assert "group p rollout r2: the response has no policy tokens" in caplog.text
+    assert rows[2].turns == [] and rows[2].spans == []
+    database = f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+    with serving(create_app(settings_for(database, None))) as url, DrCreditClient(url) as client:
+        scored = score_step(rows, DrCreditSettings(base_url=url, timeout_s=60))
+        document = client.advantages(scored.group_ids[0])
+    empty = next(r for r in document["rollouts"] if r["id"] == "r2")
+    # rewards 0, 1, 2: mean 1, sample standard deviation 1, so r2's outcome advantage is 1
+    assert empty["turns"] == [] and empty["outcome_advantage"] == pytest.approx(1.0)
+    assert not scored.values[2].any() and len(scored.values[2]) == len(mask)

@@ -8,6 +8,7 @@ spot), so scoring, masking and broadcasting are written once.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from drcredit.trainers.settings import plain_value
 TURNS_KEY = "drcredit_turns"
 
 RECORD_VERSION = 1
+log = logging.getLogger("drcredit.trainers")
 
 
 def make_turn_record(
@@ -52,6 +54,17 @@ def error_record(message: str) -> dict[str, Any]:
     return {"version": RECORD_VERSION, "turns": [], "spans": [], "question": None, "rubrics": None, "error": message}
 
 
+def no_turns_record(reason: str) -> dict[str, Any]:
+    """The record of a response the policy generated no token of (a trainer's filter zeroed
+    its mask, or the generation was empty): a rollout with no turns. It still counts in its
+    group (its outcome reward in the outcome normalization, and a streaming group gets the
+    rollout it waits for), has nothing to train, and does not stop the step;
+    :func:`read_turn_record` logs ``reason`` with the row's name."""
+    record = make_turn_record([], [])
+    record["warning"] = f"{reason}: scored as a rollout with no turns"
+    return record
+
+
 def read_turn_record(value: Any, where: str) -> dict[str, Any]:
     """A stored record back as a dict (it may have become a JSON string or an OmegaConf node)."""
     if isinstance(value, (str, bytes)):
@@ -66,6 +79,8 @@ def read_turn_record(value: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: the rollout's turns could not be recorded: {value['error']}")
     if len(value["turns"]) != len(value["spans"]):
         raise ValueError(f"{where}: {len(value['turns'])} turns but {len(value['spans'])} spans")
+    if value.get("warning"):
+        log.warning("DrCredit: %s: %s", where, value["warning"])
     return value
 
 

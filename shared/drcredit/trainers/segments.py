@@ -25,7 +25,13 @@ import numpy as np
 import numpy.typing as npt
 
 from drcredit.trainers.converters import ConversionError, ToolNames, from_react_text
-from drcredit.trainers.records import conversation_record, error_record, read_turn_record, record_spans
+from drcredit.trainers.records import (
+    conversation_record,
+    error_record,
+    no_turns_record,
+    read_turn_record,
+    record_spans,
+)
 from drcredit.trainers.scoring import TokenRollout
 from drcredit.trainers.steps import TEMPLATE_MARKER
 from drcredit.trainers.tokens import policy_spans
@@ -87,8 +93,12 @@ def record_from_tokens(
     tools: ToolNames = ToolNames(),
     question: str | None = None,
     rubrics: Sequence[Mapping[str, Any]] | None = None,
+    final_observation: str | None = None,
 ) -> dict[str, Any]:
     """The turn record of one token-level trajectory (spans in response-token coordinates).
+
+    ``final_observation``: the tools' answer to the last generation's calls when it is not
+    in the tokens (SkyRL drops the observation of the step that ends a trajectory).
 
     ``decode`` turns token ids into text with the special tokens kept (e.g.
     ``lambda ids: tokenizer.decode(ids, skip_special_tokens=False)``). A trajectory that
@@ -100,7 +110,7 @@ def record_from_tokens(
         return error_record(f"{len(ids)} response tokens but a policy mask of shape {mask.shape}")
     runs = policy_spans(mask)
     if not runs:
-        return error_record("the response has no policy tokens")
+        return no_turns_record("the response has no policy tokens")
     messages: list[dict[str, Any]] = []
     generations: list[tuple[tuple[int, int], int | None]] = []
     for k, (start, end) in enumerate(runs):
@@ -108,8 +118,11 @@ def record_from_tokens(
         generations.append(((start, end), len(messages)))
         messages.append(message)
         gap_end = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+        calls = len(message.get("tool_calls") or [])
         if gap_end > end:
-            messages.extend(tool_messages(plain_text(decode(ids[end:gap_end])), len(message.get("tool_calls") or [])))
+            messages.extend(tool_messages(plain_text(decode(ids[end:gap_end])), calls))
+        elif k + 1 == len(runs) and calls and final_observation:
+            messages.extend(tool_messages(plain_text(final_observation), calls))
     return conversation_record(messages, generations, tools=tools, question=question, rubrics=rubrics)
 
 

@@ -15,16 +15,29 @@ Two pieces, both SkyRL extension points:
    question and rubrics from the prompt's ``env_extras`` and the outcome reward from the
    trajectory's reward (a turn-level env's per-token rewards add up to it), scores the step
    and replaces ``rewards`` by **per-token rewards that are the advantages**: every policy
-   token of a turn carries that turn's advantage, tool-response tokens and the appended EOS
-   0. Turns the service left out (``on_judge_failure: exclude``) leave ``loss_masks``.
-   With a ``SkyRLGymGenerator`` the trajectories are posted as they finish (a streaming
-   group per prompt), so judging overlaps generation (:mod:`drcredit.trainers.skyrl_stream`).
+   token of a turn (``loss_mask`` 1) carries that turn's advantage, every other token 0.
+   An EOS token SkyRL appends follows its ``loss_mask``: in single-turn mode
+   (``use_conversation_multi_turn=false``) it is appended with mask 1 after the last
+   generation, so it carries the last turn's advantage; in multi-turn mode (after a stop
+   string) its mask is 0, so it gets 0. Turns the service left out (``on_judge_failure:
+   exclude``) leave ``loss_masks``. A trajectory cut by its turn budget right after a tool
+   call keeps that call's response when the env returned one (SkyRL leaves it out of the
+   tokens; :func:`drcredit.trainers.skyrl_stream.watching` keeps it). With a
+   ``SkyRLGymGenerator`` the trajectories are posted as they finish (a streaming group per
+   prompt), so judging overlaps generation (:mod:`drcredit.trainers.skyrl_stream`).
    Evaluation generations pass through untouched.
 2. **The estimator** ``drcredit`` (``trainer.algorithm.advantage_estimator=drcredit``), in
    SkyRL's ``AdvantageEstimatorRegistry``: it returns the per-token rewards as advantages
    and returns (``rewards * response_mask``), refuses rows the generator did not score and
    refuses ``use_kl_in_reward`` (a KL penalty folded into the rewards would change the
    service's advantages; use ``use_kl_loss``).
+
+Python 3.11: skyrl 0.3.0 declares it, but its ``skyrl.tinker.types`` (under every
+``skyrl.backends`` and ``skyrl.train.generators`` import) puts a ``typing.TypedDict`` in a
+pydantic model, which pydantic refuses below Python 3.12 (``PydanticUserError``).
+:func:`import_skyrl` imports skyrl modules so that they load there too; :func:`register`
+and :data:`DrCreditGenerator` go through it, so call :func:`register` before importing
+``skyrl.train.entrypoints`` (as ``examples/skyrl/main_drcredit.py`` does).
 
 Configuration: a :class:`DrCreditSettings` (default from the environment: ``DRCREDIT_URL``,
 ``DRCREDIT_API_KEY``, ``DRCREDIT_WAIT_TIMEOUT_S``, ``DRCREDIT_UNREACHABLE_TIMEOUT_S``,
@@ -37,6 +50,8 @@ import asyncio
 import collections
 import importlib
 import re
+import sys
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +65,7 @@ __all__ = [
     "MESSAGES_KEY",
     "TARGET_SKYRL_VERSION",
     "drcredit_advantage",
+    "import_skyrl",
     "register",
     "rows_from_output",
 ]
@@ -70,6 +86,30 @@ def _remember(uids: Sequence[str]) -> None:
         _SCORED_UIDS.move_to_end(uid)
     while len(_SCORED_UIDS) > _SCORED_UIDS_KEPT:
         _SCORED_UIDS.popitem(last=False)
+
+
+# ----------------------------------------------------------------------------- importing skyrl
+
+_TINKER_TYPES = "skyrl.tinker.types"
+
+
+def import_skyrl(module: str) -> Any:
+    """Import a skyrl module, on Python 3.11 too (see the module doc).
+
+    Below Python 3.12, ``skyrl.tinker.types`` is first imported with
+    ``typing_extensions.TypedDict`` standing in for ``typing.TypedDict`` (the class pydantic
+    accepts there), and ``typing`` is given its own back at once; nothing else changes.
+    """
+    if sys.version_info < (3, 12) and _TINKER_TYPES not in sys.modules:
+        import typing_extensions  # pydantic's own dependency
+
+        original = typing.TypedDict
+        typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+        try:
+            importlib.import_module(_TINKER_TYPES)
+        finally:
+            typing.TypedDict = original  # type: ignore[misc]
+    return importlib.import_module(module)
 
 
 # ----------------------------------------------------------------------------- the estimator
@@ -108,7 +148,7 @@ def register() -> Any:
     Call it in the driver before the trainer is built (``BasePPOExp.__init__`` or your
     entrypoint); with Ray initialized, SkyRL's registry shares it with the workers.
     """
-    ppo_utils = importlib.import_module("skyrl.backends.skyrl_train.utils.ppo_utils")
+    ppo_utils = import_skyrl("skyrl.backends.skyrl_train.utils.ppo_utils")
     registry = ppo_utils.AdvantageEstimatorRegistry
     if ESTIMATOR_NAME in registry.list_available():
         current = registry.get(ESTIMATOR_NAME)
@@ -123,7 +163,7 @@ def register() -> Any:
 
 
 def _build_generator() -> type:
-    base_module = importlib.import_module("skyrl.train.generators.base")
+    base_module = import_skyrl("skyrl.train.generators.base")
     base: Any = base_module.GeneratorInterface
 
     class DrCreditGenerator(base):  # type: ignore[misc]
@@ -164,8 +204,13 @@ def _build_generator() -> type:
             if self.stream:
                 output, scored = await skyrl_stream.generate_streaming(self, input_batch, step, **kwargs)
             else:
-                output = await self.inner.generate(input_batch, **kwargs)
-                rows = rows_from_output(input_batch, output, self.tokenizer, self.settings)
+                finals: dict[str, str] = {}
+                if callable(getattr(self.inner, "agent_loop", None)):
+                    with skyrl_stream.watching(self.inner) as finals:
+                        output = await self.inner.generate(input_batch, **kwargs)
+                else:
+                    output = await self.inner.generate(input_batch, **kwargs)
+                rows = rows_from_output(input_batch, output, self.tokenizer, self.settings, finals)
                 scored = await asyncio.to_thread(score_step, rows, self.settings, client=self.client, step=step)
             self.last_scored = scored
             _remember([str(t.instance_id) for t in input_batch["trajectory_ids"]])

@@ -15,12 +15,13 @@ import numpy as np
 from drcredit.trainers.records import (
     conversation_record,
     error_record,
+    no_turns_record,
     question_and_rubrics,
     read_turn_record,
     record_spans,
 )
 from drcredit.trainers.scoring import ScoredBatch, TokenRollout
-from drcredit.trainers.segments import record_from_tokens
+from drcredit.trainers.segments import plain_text, record_from_tokens, tool_messages
 from drcredit.trainers.settings import DrCreditSettings, plain_value
 from drcredit.trainers.tokens import policy_spans
 
@@ -35,15 +36,26 @@ def trajectory_record(
     env_metrics: Mapping[str, Any] | None,
     tokenizer: Any,
     settings: DrCreditSettings,
+    final_observation: str | None = None,
 ) -> dict[str, Any]:
-    """One trajectory's turn record: from the env's messages when it reports them, else the tokens."""
+    """One trajectory's turn record: from the env's messages when it reports them, else the tokens.
+
+    ``final_observation``: what the env answered on the step that ended the trajectory (a
+    turn budget reached on a tool call), which SkyRL leaves out of ``response_ids``; it
+    answers the last message's calls when nothing else does.
+    """
     messages = (env_metrics or {}).get(MESSAGES_KEY)
+    runs = policy_spans(np.asarray(loss_mask, dtype=np.int64))
+    if not runs:
+        return no_turns_record("the trajectory has no policy tokens (loss_mask all 0)")
     if messages:
         messages = [dict(m) for m in plain_value(messages)]
-        runs = policy_spans(np.asarray(loss_mask, dtype=np.int64))
         assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
         if len(assistant) != len(runs):
             return error_record(f"{len(assistant)} assistant messages from the env but {len(runs)} policy-token runs")
+        calls = (messages[-1].get("tool_calls") or []) if messages[-1].get("role") == "assistant" else []
+        if calls and final_observation:
+            messages += tool_messages(plain_text(final_observation), len(calls))
         return conversation_record(messages, list(zip(runs, assistant, strict=True)), tools=settings.tool_names)
     if tokenizer is None:
         return error_record(f"no tokenizer to decode the response and no env_metrics[{MESSAGES_KEY!r}]")
@@ -52,6 +64,7 @@ def trajectory_record(
         loss_mask,
         lambda ids: str(tokenizer.decode(ids, skip_special_tokens=False)),
         tools=settings.tool_names,
+        final_observation=final_observation,
     )
 
 
@@ -63,10 +76,23 @@ def outcome_reward(reward: Any) -> float:
     return value
 
 
+def trajectory_key(trajectory_id: Any) -> str:
+    """``{instance_id}_{repetition_id}`` of a SkyRL ``TrajectoryID``."""
+    return f"{trajectory_id.instance_id}_{trajectory_id.repetition_id}"
+
+
 def rows_from_output(
-    input_batch: Mapping[str, Any], output: Mapping[str, Any], tokenizer: Any, settings: DrCreditSettings
+    input_batch: Mapping[str, Any],
+    output: Mapping[str, Any],
+    tokenizer: Any,
+    settings: DrCreditSettings,
+    final_observations: Mapping[str, str] | None = None,
 ) -> list[TokenRollout]:
-    """One :class:`TokenRollout` per trajectory of a (non step-wise) generator output."""
+    """One :class:`TokenRollout` per trajectory of a (non step-wise) generator output.
+
+    ``final_observations``: by :func:`trajectory_key`, what the env answered on a
+    trajectory's last step (see :func:`trajectory_record`).
+    """
     trajectory_ids = input_batch.get("trajectory_ids")
     responses = output["response_ids"]
     if trajectory_ids is None or len(trajectory_ids) != len(responses):
@@ -80,8 +106,9 @@ def rows_from_output(
     rows = []
     for i, trajectory in enumerate(trajectory_ids):
         where = f"trajectory {i} ({trajectory.instance_id}_{trajectory.repetition_id})"
+        final = (final_observations or {}).get(trajectory_key(trajectory))
         record = read_turn_record(
-            trajectory_record(responses[i], output["loss_masks"][i], metrics[i], tokenizer, settings), where
+            trajectory_record(responses[i], output["loss_masks"][i], metrics[i], tokenizer, settings, final), where
         )
         question, rubrics = question_and_rubrics([extras[i]], where, "env_extras")
         rows.append(

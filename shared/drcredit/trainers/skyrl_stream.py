@@ -7,15 +7,22 @@ on the instance: when a trajectory ends, its rollout goes to its prompt's stream
 so the service judges it while the other trajectories are still being generated. After
 ``generate`` returns, the step waits for every group, under the same deadline as the batch
 path (:class:`drcredit.trainers.service.StepDeadline`).
+
+Both paths watch the wrapped generator's env steps (:func:`watching`): SkyRL leaves the
+observation of the step that ends a trajectory out of ``response_ids``, so a trajectory cut
+by its turn budget right after a tool call would lose that call's response; the watcher
+keeps it for the trajectory's turns.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import functools
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,13 +57,18 @@ class GroupStream:
         suffix = f"-{self.nonce}"
         return safe_id(f"{self.settings.id_prefix}{step}{uid}")[: 128 - len(suffix)] + suffix
 
-    async def post(self, trajectory_id: Any, env_extras: Any, output: Any) -> None:
+    async def post(self, trajectory_id: Any, env_extras: Any, output: Any, final_observation: str | None) -> None:
         """Turn one finished trajectory into its rollout and add it to its prompt's group."""
         uid, repetition = str(trajectory_id.instance_id), int(trajectory_id.repetition_id)
         where = f"trajectory {uid}_{repetition}"
         record = read_turn_record(
             skyrl_rows.trajectory_record(
-                output.response_ids, output.loss_mask, output.env_metrics, self.generator.tokenizer, self.settings
+                output.response_ids,
+                output.loss_mask,
+                output.env_metrics,
+                self.generator.tokenizer,
+                self.settings,
+                final_observation,
             ),
             where,
         )
@@ -117,6 +129,70 @@ class GroupStream:
         return document
 
 
+_TRAJECTORY: contextvars.ContextVar[str | None] = contextvars.ContextVar("drcredit_skyrl_trajectory", default=None)
+
+AfterLoop = Callable[[Any, Any, Any, "str | None"], Awaitable[None]]
+
+
+@contextlib.contextmanager
+def watching(inner: Any, after: AfterLoop | None = None) -> Iterator[dict[str, str]]:
+    """For one ``generate`` call of a ``SkyRLGymGenerator``: each trajectory's final observation.
+
+    Yields a dict filled as trajectories end: by :func:`skyrl_rows.trajectory_key`, the text
+    of the observations the env returned with ``done`` (SkyRL drops them from the response).
+    Env steps are seen through the generator's ``_run_in_executor_if_available`` and tied to
+    their trajectory by a context variable set in its ``agent_loop`` (each agent loop runs in
+    a task of its own). ``after(trajectory_id, env_extras, output, final_observation)`` runs
+    when a trajectory ends (the streaming path posts it there).
+    """
+    finals: dict[str, str] = {}
+    loop = inner.agent_loop
+    run = getattr(inner, "_run_in_executor_if_available", None)
+
+    async def agent_loop(*args: Any, **kwargs: Any) -> Any:
+        trajectory_id = kwargs.get("trajectory_id")
+        key = None if trajectory_id is None else skyrl_rows.trajectory_key(trajectory_id)
+        token = _TRAJECTORY.set(key)
+        try:
+            output = await loop(*args, **kwargs)
+        finally:
+            _TRAJECTORY.reset(token)
+        if after is not None:
+            env_extras = args[2] if len(args) > 2 else kwargs.get("env_extras")
+            await after(trajectory_id, env_extras, output, finals.get(key or ""))
+        return output
+
+    async def run_watched(func: Any, *args: Any, **kwargs: Any) -> Any:
+        assert run is not None
+        result = await run(func, *args, **kwargs)
+        key = _TRAJECTORY.get()
+        if key is not None and getattr(func, "__name__", "") == "step" and isinstance(result, Mapping):
+            text = observation_text(result.get("observations")) if result.get("done") else ""
+            if text:
+                finals[key] = text
+        return result
+
+    inner.agent_loop = agent_loop
+    if callable(run):
+        inner._run_in_executor_if_available = run_watched
+    try:
+        yield finals
+    finally:
+        del inner.agent_loop  # the class's own methods again
+        if callable(run):
+            del inner._run_in_executor_if_available
+
+
+def observation_text(observations: Any) -> str:
+    """The text of an env step's observation messages."""
+    parts = []
+    for message in observations or []:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str) and content.strip():
+            parts.append(content)
+    return "\n".join(parts)
+
+
 async def generate_streaming(
     generator: Any, input_batch: Any, step: int | None, **kwargs: Any
 ) -> tuple[Any, ScoredBatch]:
@@ -131,25 +207,19 @@ async def generate_streaming(
         raise ValueError(f"prompts {small[:3]} have one sample: DrCredit needs n_samples_per_prompt >= 2")
     own = generator.client is None
     client = service.make_client(generator.settings) if own else generator.client
-    inner = generator.inner
     stream = GroupStream(generator, client, step, expected)
-    original = inner.agent_loop
 
-    async def agent_loop(*args: Any, **loop_kwargs: Any) -> Any:
-        output = await original(*args, **loop_kwargs)
+    async def post(trajectory_id: Any, env_extras: Any, output: Any, final_observation: str | None) -> None:
         if stream.failure is None:  # after a failure the step is lost: let generation end, then raise
-            env_extras = args[2] if len(args) > 2 else loop_kwargs.get("env_extras")
             try:
-                await stream.post(loop_kwargs.get("trajectory_id"), env_extras, output)
+                await stream.post(trajectory_id, env_extras, output, final_observation)
             except Exception as exc:  # noqa: BLE001 (re-raised by finish, once generation has ended)
                 stream.failure = exc
-        return output
 
-    inner.agent_loop = agent_loop
     try:
-        output = await inner.generate(input_batch, **kwargs)
+        with watching(generator.inner, post):
+            output = await generator.inner.generate(input_batch, **kwargs)
         return output, await stream.finish(list(trajectory_ids))
     finally:
-        del inner.agent_loop  # the class's own method again
         if own:
             client.close()

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from drcredit.trainers.tool_ids import assign_ids
 from drcredit.trainers.tool_responses import (
     NO_RESPONSE,
     ConversionError,
-    Ids,
     as_str,
     first_arg,
     page_entry,
@@ -126,9 +126,8 @@ def _arguments(raw: Any, where: str, name: str) -> dict[str, Any]:
 
 
 def build_turns(steps: list[Step], tools: ToolNames) -> list[dict[str, Any]]:
-    """Turns in call order; ids are given here so that they follow turn order."""
-    ids = Ids()
-    turns = []
+    """Turns in call order, with the ids the tools printed, made unique (:func:`assign_ids`)."""
+    turns: list[dict[str, Any]] = []
     for step in steps:
         call, response = step.call, step.response
         if call.name in tools.search:
@@ -137,7 +136,7 @@ def build_turns(steps: list[Step], tools: ToolNames) -> list[dict[str, Any]]:
                 results: list[dict[str, Any]] = []
                 error: str | None = NO_RESPONSE
             else:
-                results, error = search_results(response.content, ids, response.where)
+                results, error = search_results(response.content, response.where)
             turns.append(
                 {
                     "type": "search",
@@ -151,9 +150,9 @@ def build_turns(steps: list[Step], tools: ToolNames) -> list[dict[str, Any]]:
             urls = _strings(call.arguments, tools.url_keys, call.where)
             goal = first_arg(call.arguments, tools.goal_keys)
             if response is None:
-                pages = [page_entry(ids, url, error=NO_RESPONSE) for url in (urls or [""])]
+                pages = [page_entry(url, error=NO_RESPONSE) for url in (urls or [""])]
             else:
-                pages = visit_pages(response.content, urls, ids, response.where)
+                pages = visit_pages(response.content, urls, response.where)
             visit_call: dict[str, Any] = {"urls": urls, "goal": as_str(goal)}
             turns.append(
                 {
@@ -173,6 +172,7 @@ def build_turns(steps: list[Step], tools: ToolNames) -> list[dict[str, Any]]:
                     "response": None if response is None else response.content,
                 }
             )
+    assign_ids(turns)
     return turns
 
 

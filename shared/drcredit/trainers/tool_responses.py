@@ -44,10 +44,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from drcredit.domain.urls import norm_url
+from drcredit.trainers.tool_ids import printed_id
 
 NO_RESPONSE = "no response"
 MISSING_PAGE = "no response for this URL"
@@ -60,20 +60,6 @@ class ConversionError(ValueError):
         self.where = where
         self.problem = problem
         super().__init__(f"{where}: {problem}")
-
-
-@dataclass
-class Ids:
-    results: int = 0
-    pages: int = 0
-
-    def result(self) -> str:
-        self.results += 1
-        return f"S{self.results}"
-
-    def page(self) -> str:
-        self.pages += 1
-        return f"W{self.pages}"
 
 
 # ----------------------------------------------------------------------------- failures
@@ -116,10 +102,11 @@ _RESULT_KEY = re.compile(r"^\s*(title|url|link|source url|snippet|description|co
 _BREAK = re.compile(r"^\s*(?:#{1,6}\s|={3,}\s*$|-{3,}\s*$|\*{3,}\s*$|_{3,}\s*$)")
 
 
-def search_results(content: Any, ids: Ids, where: str) -> tuple[list[dict[str, Any]], str | None]:
+def search_results(content: Any, where: str) -> tuple[list[dict[str, Any]], str | None]:
+    """``(results, error)``; each result's ``id`` is the one the tool printed, or None."""
     parsed = _maybe_json(content)
     if parsed is not None:
-        return _json_results(parsed, ids, where)
+        return _json_results(parsed, where)
     text = str(content).strip()
     entries = _text_entries(text, where)
     if not entries:
@@ -129,7 +116,7 @@ def search_results(content: Any, ids: Ids, where: str) -> tuple[list[dict[str, A
         if notice:
             return [], notice
         raise ConversionError(where, f"search response is neither JSON nor numbered text entries: {_preview(text)!r}")
-    return [dict(e, id=ids.result()) for e in entries], None
+    return [dict(e, id=None) for e in entries], None
 
 
 def _maybe_json(content: Any) -> Any:
@@ -145,12 +132,31 @@ def _maybe_json(content: Any) -> Any:
     return None
 
 
-def _json_results(value: Any, ids: Ids, where: str) -> tuple[list[dict[str, Any]], str | None]:
+def _error_text(value: Mapping[str, Any]) -> str | None:
+    """The ``error`` an object names (a non-empty string, or any other true value as text)."""
+    error = value.get("error")
+    if error in (None, False, "") or (isinstance(error, str) and not error.strip()):
+        return None
+    return error.strip() if isinstance(error, str) else json.dumps(error)
+
+
+def _json_results(value: Any, where: str) -> tuple[list[dict[str, Any]], str | None]:
+    """Results of a JSON search response, and its error when it failed.
+
+    A response that names an error and returns no result failed, whether or not it has an
+    empty ``results`` list (``{"error": "rate limited", "results": []}``), and so does a
+    list of per-query objects every one of which failed. An error next to results (one
+    query of two failed) is a search that returned those results.
+    """
+    errors: list[str] = []
     if isinstance(value, dict):
+        error = _error_text(value)
         if "results" in value:
             items = value["results"]
-        elif value.get("error"):
-            return [], str(value["error"])
+            if error:
+                errors.append(error)
+        elif error:
+            return [], error
         elif first_arg(value, ("url", "link", "href")) is not None:
             items = [value]
         else:
@@ -163,6 +169,10 @@ def _json_results(value: Any, ids: Ids, where: str) -> tuple[list[dict[str, Any]
     for item in items:
         if isinstance(item, Mapping) and isinstance(item.get("results"), list):
             flat.extend(item["results"])  # one object per query
+            if _error_text(item):
+                errors.append(str(_error_text(item)))
+        elif isinstance(item, Mapping) and _error_text(item) and first_arg(item, ("url", "link", "href")) is None:
+            errors.append(str(_error_text(item)))  # a query that failed
         else:
             flat.append(item)
     results = []
@@ -174,12 +184,14 @@ def _json_results(value: Any, ids: Ids, where: str) -> tuple[list[dict[str, Any]
             raise ConversionError(where, f"search result {j} has no url")
         results.append(
             {
-                "id": ids.result(),
+                "id": printed_id(item.get("id")),
                 "url": url.strip(),
                 "title": as_str(first_arg(item, ("title", "name"))),
                 "snippet": as_str(first_arg(item, ("snippet", "content", "description", "text"))),
             }
         )
+    if errors and not results:
+        return [], "; ".join(dict.fromkeys(errors))
     return results, None
 
 
@@ -240,12 +252,16 @@ _SECTION = re.compile(
     re.I,
 )
 _PAGE_KEY = re.compile(r"^\s*(evidence(?: in page)?|summary|error|goal|title)\s*:\s*(.*)$", re.I)
+_ID_LINE = re.compile(r"^\s*(?:page\s+)?id\s*:\s*(?P<id>[A-Za-z]*\d+)\s*$", re.I)
+#: an id printed before a section's header: ``[W3] URL: ...``, ``## [W3] Title https://...``
+_HEADER_ID = re.compile(r"^(?P<lead>\s*(?:#{1,6}\s+)?)\[(?P<id>[A-Za-z]*\d+)\]\s*")
 _SEPARATOR = re.compile(r"^\s*(?:={3,}|-{3,})\s*$")
 _WEBPAGE = re.compile(r"<webpage\b([^>]*?)(?:/>|>(.*?)</webpage>)", re.S)
 _ATTR = re.compile(r"([\w-]+)\s*=\s*\"([^\"]*)\"")
 
 
-def visit_pages(content: Any, urls: list[str], ids: Ids, where: str) -> list[dict[str, Any]]:
+def visit_pages(content: Any, urls: list[str], where: str) -> list[dict[str, Any]]:
+    """The pages of a visit response; each page's ``id`` is the one the tool printed, or None."""
     parsed = _maybe_json(content)
     if parsed is not None:
         raw = _json_pages(parsed, urls, where)
@@ -256,15 +272,20 @@ def visit_pages(content: Any, urls: list[str], ids: Ids, where: str) -> list[dic
     if len(raw) < len(urls):
         covered = {norm_url(p["url"]) for p in raw}
         raw += [
-            {"url": u, "evidence": None, "summary": None, "error": MISSING_PAGE}
+            {"url": u, "evidence": None, "summary": None, "error": MISSING_PAGE, "id": None}
             for u in urls
             if norm_url(u) not in covered
         ]
-    return [page_entry(ids, p["url"], p["evidence"], p["summary"], p["error"]) for p in raw]
+    return [page_entry(p["url"], p["evidence"], p["summary"], p["error"], page_id=p["id"]) for p in raw]
 
 
 def page_entry(
-    ids: Ids, url: str, evidence: str | None = None, summary: str | None = None, error: str | None = None
+    url: str,
+    evidence: str | None = None,
+    summary: str | None = None,
+    error: str | None = None,
+    *,
+    page_id: str | None = None,
 ) -> dict[str, Any]:
     """A page; a failed page keeps its error and has empty evidence, so it is never usable."""
     evidence = evidence.strip() if isinstance(evidence, str) else evidence
@@ -274,17 +295,20 @@ def page_entry(
         error = _failure(evidence)
     if error is not None:
         evidence = ""
-    return {"id": ids.page(), "url": url, "evidence": evidence, "summary": summary, "error": error}
+    return {"id": page_id, "url": url, "evidence": evidence, "summary": summary, "error": error}
 
 
 def _everywhere(urls: list[str], error: str) -> list[dict[str, Any]]:
-    return [{"url": u, "evidence": None, "summary": None, "error": error} for u in (urls or [""])]
+    return [{"url": u, "evidence": None, "summary": None, "error": error, "id": None} for u in (urls or [""])]
 
 
 def _json_pages(value: Any, urls: list[str], where: str) -> list[dict[str, Any]]:
     if isinstance(value, dict):
         if "pages" in value:
             items = value["pages"]
+            error = _error_text(value)
+            if error and isinstance(items, list) and not items:
+                return _everywhere(urls, error)  # {"error": "...", "pages": []}: the call failed
         elif value.get("error") and not any(k in value for k in ("evidence", "content", "summary", "url")):
             return _everywhere(urls, str(value["error"]))
         else:
@@ -311,6 +335,7 @@ def _json_pages(value: Any, urls: list[str], where: str) -> list[dict[str, Any]]
                 "evidence": _opt_str(first_arg(item, ("evidence", "content"))),
                 "summary": _opt_str(item.get("summary")),
                 "error": None if error in (None, False, "") else str(error),
+                "id": printed_id(item.get("id")),
             }
         )
     return pages
@@ -334,7 +359,15 @@ def _xml_pages(text: str, urls: list[str], where: str) -> list[dict[str, Any]]:
         child = {tag: _inner(body, tag) for tag in ("evidence", "summary", "error")}
         status = attrs.get("status", "")
         error = child["error"] or attrs.get("error") or (status if status.lower() in ("error", "failed") else None)
-        pages.append({"url": url, "evidence": child["evidence"], "summary": child["summary"], "error": error})
+        pages.append(
+            {
+                "url": url,
+                "evidence": child["evidence"],
+                "summary": child["summary"],
+                "error": error,
+                "id": printed_id(attrs.get("id")),
+            }
+        )
     return pages
 
 
@@ -347,10 +380,11 @@ def _text_pages(text: str, urls: list[str], where: str) -> list[dict[str, Any]]:
     sections: list[tuple[str | None, list[str]]] = []
     preamble: list[str] = []
     for line in text.splitlines():
-        header = _SECTION.match(line)
+        header = _SECTION.match(_HEADER_ID.sub(r"\g<lead>", line, count=1))
         if header:
             url = header.group("u1") or header.group("u2") or header.group("u3")
-            sections.append((url, []))
+            printed = _HEADER_ID.match(line)
+            sections.append((url, [f"Id: {printed['id']}"] if printed else []))
         elif _SEPARATOR.match(line):
             continue
         elif sections:
@@ -379,6 +413,10 @@ def _page_fields(lines: list[str]) -> dict[str, str]:
     fields: dict[str, list[str]] = {}
     key = "body"
     for line in lines:
+        page_id = _ID_LINE.match(line)
+        if page_id and key not in ("evidence", "summary"):
+            fields["id"] = [page_id["id"]]
+            continue
         match = _PAGE_KEY.match(line)
         new = match.group(1).lower().split()[0] if match else None
         if match and new and (key not in ("evidence", "summary") or new in ("evidence", "summary")):
@@ -397,6 +435,7 @@ def _text_page(url: str, lines: list[str]) -> dict[str, Any]:
         "evidence": evidence,
         "summary": fields.get("summary"),
         "error": fields.get("error") or None,
+        "id": printed_id(fields.get("id")),
     }
 
 

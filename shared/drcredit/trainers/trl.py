@@ -57,6 +57,7 @@ from drcredit.trainers.records import (
     conversation_record,
     error_record,
     make_turn_record,
+    no_turns_record,
     read_turn_record,
     record_spans,
 )
@@ -87,6 +88,8 @@ def completion_record(
         return make_turn_record([{"type": "answer", "reasoning": "", "answer": completion}], [span])
     messages = [dict(m) for m in completion]
     assistant = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not runs:
+        return no_turns_record("the completion has no policy tokens")
     if len(assistant) != len(runs):
         return error_record(f"{len(assistant)} assistant messages but {len(runs)} runs of policy tokens")
     return conversation_record(messages, list(zip(runs, assistant, strict=True)), tools=tools)
