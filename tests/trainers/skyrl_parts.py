@@ -1,21 +1,21 @@
 """Real SkyRL parts for the adapter tests, on the CPU: a SkyRL-Gym env, a scripted engine, configs.
 
-skyrl 0.3.0 declares Python >= 3.11, but ``skyrl.tinker.types`` (imported by every
-``skyrl.backends`` module) puts a ``typing.TypedDict`` in a pydantic model, which pydantic
-refuses below Python 3.12; :func:`import_skyrl` lends ``typing_extensions.TypedDict`` while
-skyrl is first imported on 3.11 and nothing else. The env plays examples/group.json rollouts:
-the agent's tool calls are Hermes ``<tool_call>`` blocks, the tools answer JSON in
-``<tool_response>`` blocks, a search turn earns a small turn-level reward.
+The env plays examples/group.json rollouts: the agent's tool calls are Hermes ``<tool_call>``
+blocks, the tools answer JSON in ``<tool_response>`` blocks, a search turn earns a small
+turn-level reward. The visit tool numbers its pages per call from ``W101`` (as a tool that
+does not count per rollout does), so rollouts with two visits print the same ids twice:
+:data:`PAGE_IDS` is what the adapters must send (the rule of ``drcredit.trainers.tool_ids``,
+worked out by hand per rollout).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import sys
-import typing
 from pathlib import Path
 from typing import Any
+
+from drcredit.client import DrCreditClient
 
 EXAMPLE = json.loads((Path(__file__).resolve().parents[2] / "examples" / "group.json").read_text())
 ENV_ID = "drcredit-test-research"
@@ -26,18 +26,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def import_skyrl() -> Any:
-    """skyrl's PPO utilities, imported so that they load on Python 3.11 too (see the module doc)."""
-    if sys.version_info < (3, 12) and "skyrl.tinker.types" not in sys.modules:
-        import typing_extensions
-
-        original = typing.TypedDict
-        typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
-        try:
-            importlib.import_module("skyrl.tinker.types")
-        finally:
-            typing.TypedDict = original  # type: ignore[misc]
-    return importlib.import_module("skyrl.backends.skyrl_train.utils.ppo_utils")
+#: per example rollout, the page ids of its visits (first four turns) after conversion. Printed:
+#: W101, W102, ... per call. Kept by the latest usable page printed under the id, else the
+#: latest; every other occurrence takes the first id printed nowhere in the rollout (W1, ...).
+PAGE_IDS: dict[int, list[list[str]]] = {
+    0: [["W1"], ["W101", "W102"]],  # both W101 usable: the second visit's keeps it
+    1: [["W101"], ["W1", "W102"]],  # the second visit's W101 failed: the first keeps it
+    2: [["W101"]],
+    3: [["W1"], ["W101"]],  # both failed: the latest keeps it
+    4: [["W1", "W102"], ["W101"]],
+    5: [["W101"]],
+    6: [["W1"], ["W101"]],
+    7: [["W1"], ["W101"]],
+}
 
 
 def script(rollout: int) -> list[dict[str, Any]]:
@@ -64,8 +65,44 @@ def observation(turn: dict[str, Any]) -> str:
     if turn["type"] == "search":
         body: dict[str, Any] = {"results": [{k: r[k] for k in ("url", "title", "snippet")} for r in turn["results"]]}
     else:
-        body = {"pages": [{k: p.get(k) for k in ("url", "evidence", "summary", "error")} for p in turn["pages"]]}
+        body = {
+            "pages": [
+                {"id": f"W{101 + j}", **{k: p.get(k) for k in ("url", "evidence", "summary", "error")}}
+                for j, p in enumerate(turn["pages"])
+            ]
+        }
     return f"<tool_response>{json.dumps(body)}</tool_response>"
+
+
+def visit_page_ids(rollout: dict[str, Any]) -> list[list[str]]:
+    """The page ids of a posted rollout's visits, in turn order."""
+    return [[p["id"] for p in t["pages"]] for t in rollout["turns"] if t["type"] == "visit"]
+
+
+class PostingClient(DrCreditClient):
+    """The real client; keeps every rollout it posts, by (group id, rollout id)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.posted: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def keep(self, group_id: str, rollouts: Any) -> None:
+        for rollout in rollouts:
+            self.posted[(group_id, str(rollout["id"]))] = dict(rollout)
+
+    def submit_batch(self, groups: Any, **kwargs: Any) -> Any:
+        groups = list(groups)
+        for group in groups:
+            self.keep(group["group_id"], group["rollouts"])
+        return super().submit_batch(groups, **kwargs)
+
+    def open_group(self, *args: Any, **kwargs: Any) -> Any:
+        self.keep(kwargs["group_id"], kwargs.get("rollouts") or ())
+        return super().open_group(*args, **kwargs)
+
+    def add_rollout(self, group_id: str, rollout: Any) -> Any:
+        self.keep(group_id, [rollout])
+        return super().add_rollout(group_id, rollout)
 
 
 def make_env_class() -> type:
@@ -81,6 +118,8 @@ def make_env_class() -> type:
             self.outcome = float(EXAMPLE["rollouts"][int(extras["rollout"])]["outcome_reward"])
             self.max_turns = int(extras.get("max_turns", 8))
             self.report_messages = bool(extras.get("report_messages"))
+            #: answer a tool call even on the step that ends the trajectory (the turn budget)
+            self.answer_last_call = bool(extras.get("answer_last_call"))
             self.messages: list[dict[str, Any]] = []
 
         def step(self, action: str) -> Any:
@@ -89,7 +128,13 @@ def make_env_class() -> type:
             done = turn["type"] == "answer" or self.turns >= self.max_turns
             self.messages.append(_assistant(action))
             if done:
-                return base.BaseTextEnvStepOutput(observations=[], reward=self.outcome, done=True, metadata={})
+                last = [] if turn["type"] == "answer" or not self.answer_last_call else [observation(turn)]
+                return base.BaseTextEnvStepOutput(
+                    observations=[{"role": "user", "content": text} for text in last],
+                    reward=self.outcome,
+                    done=True,
+                    metadata={},
+                )
             content = observation(turn)
             self.messages.append(
                 {"role": "tool", "content": content.removeprefix("<tool_response>")[: -len("</tool_response>")]}

@@ -25,18 +25,21 @@ import pytest
 pytest.importorskip("skyrl")
 torch = pytest.importorskip("torch")
 
+from drcredit.trainers import skyrl as adapter  # noqa: E402
 from tests.trainers.skyrl_parts import (  # noqa: E402
     CHAT_TEMPLATE,
     ENV_ID,
     EXAMPLE,
+    PAGE_IDS,
     SEARCH_REWARD,
+    PostingClient,
     ScriptedEngine,
-    import_skyrl,
     make_env_class,
     script,
+    visit_page_ids,
 )
 
-ppo_utils = import_skyrl()
+ppo_utils = adapter.import_skyrl("skyrl.backends.skyrl_train.utils.ppo_utils")  # loads on Python 3.11 too
 
 import skyrl_gym  # noqa: E402
 from skyrl.train.config import AlgorithmConfig, GeneratorConfig, SkyRLGymConfig, SkyRLTrainConfig  # noqa: E402
@@ -45,7 +48,6 @@ from skyrl.train.generators.utils import prepare_generator_input  # noqa: E402
 from skyrl.train.trainer import RayPPOTrainer  # noqa: E402
 
 from drcredit.client import DrCreditClient  # noqa: E402
-from drcredit.trainers import skyrl as adapter  # noqa: E402
 from drcredit.trainers.settings import DrCreditSettings  # noqa: E402
 from drcredit.trainers.tokens import turn_advantages  # noqa: E402
 from tests.support.judge_server import Reply, running_judge  # noqa: E402
@@ -70,10 +72,20 @@ def registered() -> Any:
     return adapter.register()
 
 
-def generation(tokenizer: Any, service: str, *, stream: bool, report_messages: bool = False, **settings: Any) -> Any:
-    """A SkyRL generator wrapped by DrCredit, its engine, and one training step's input."""
+def generation(
+    tokenizer: Any,
+    service: str,
+    *,
+    stream: bool,
+    report_messages: bool = False,
+    max_turns: int = 8,
+    answer_last_call: bool = False,
+    **settings: Any,
+) -> Any:
+    """A SkyRL generator wrapped by DrCredit (with a :class:`PostingClient`), its engine, and one
+    training step's input."""
     engine = ScriptedEngine(tokenizer)
-    config = GeneratorConfig(n_samples_per_prompt=SAMPLES, max_turns=8, max_input_length=100_000)
+    config = GeneratorConfig(n_samples_per_prompt=SAMPLES, max_turns=max_turns, max_input_length=100_000)
     inner = SkyRLGymGenerator(config, SkyRLGymConfig(max_env_workers=0), engine, tokenizer)
     wrapped = adapter.DrCreditGenerator(
         inner,
@@ -81,6 +93,7 @@ def generation(tokenizer: Any, service: str, *, stream: bool, report_messages: b
             base_url=service, timeout_s=120, **{"id_prefix": "sky-", "run": "skyrun", **settings}
         ),
         stream=stream,
+        client=PostingClient(service),
     )
     prompts = [
         {
@@ -90,6 +103,7 @@ def generation(tokenizer: Any, service: str, *, stream: bool, report_messages: b
                 "question": EXAMPLE["question"],
                 "rubrics": EXAMPLE["rubrics"],
                 "report_messages": report_messages,
+                "answer_last_call": answer_last_call,
             },
             "uid": uid,
         }
@@ -152,6 +166,9 @@ def test_a_training_step_gets_the_services_advantages(tokenizer: Any, service: s
             assert rollout["outcome_reward"] == pytest.approx(expected + SEARCH_REWARD * searches)
             metadata = client.group_status(group_id)["metadata"]
             assert metadata == {"run": "skyrun", "step": 3}
+            # the page ids the visit tool printed, renamed only where they collide (skyrl_parts.PAGE_IDS)
+            posted = generator.client.posted[(group_id, f"r{trajectory.repetition_id}")]
+            assert visit_page_ids(posted) == PAGE_IDS[PLAYS[trajectory.instance_id][trajectory.repetition_id]]
     assert any(len({round(float(v), 5) for v in np.asarray(r)[np.asarray(r) != 0]}) > 1 for r in output["rewards"])
 
     # SkyRL's own trainer path from here: per-token rewards, tensors, the registered estimator
@@ -269,11 +286,93 @@ def test_service_down_stops_the_step(tokenizer: Any) -> None:
     client.close()
 
 
-def test_the_example_entrypoint_builds_on_skyrls_own() -> None:
-    """examples/skyrl/main_drcredit.py imports against the installed skyrl (it is not run: GPUs)."""
-    import runpy
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "batch"])
+@pytest.mark.parametrize("report_messages", [False, True], ids=["tokens", "env-messages"])
+def test_a_trajectory_cut_after_a_tool_call_keeps_its_response(
+    tokenizer: Any, service: str, stream: bool, report_messages: bool
+) -> None:
+    """Turn budget 3: every trajectory ends on its third turn, a tool call. The env answers it on
+    that last step; SkyRL leaves the answer out of the response tokens, the adapter keeps it."""
+    for answered in (True, False):
+        generator, _, batch, _ = generation(
+            tokenizer,
+            service,
+            stream=stream,
+            report_messages=report_messages,
+            max_turns=3,
+            answer_last_call=answered,
+            id_prefix=f"cut{stream}{report_messages}{answered}-",
+        )
+        asyncio.run(generator.generate(copy.deepcopy(batch)))
+        scored = generator.last_scored
+        assert scored is not None
+        for i, trajectory in enumerate(batch["trajectory_ids"]):
+            played = script(PLAYS[trajectory.instance_id][trajectory.repetition_id])[2]
+            posted = generator.client.posted[(scored.group_ids[i], f"r{trajectory.repetition_id}")]
+            assert len(posted["turns"]) == 3
+            last = posted["turns"][-1]
+            assert last["type"] == played["type"]
+            if played["type"] == "search":
+                got = ([r["url"] for r in last["results"]], last["error"])
+                assert got == (([r["url"] for r in played["results"]], None) if answered else ([], "no response"))
+            else:
+                got = [(p["url"], p["error"] or None) for p in last["pages"]]
+                expected = [(p["url"], p.get("error") or None) for p in played["pages"]]
+                assert got == (expected if answered else [(p["url"], "no response") for p in played["pages"]])
 
-    from skyrl.train.entrypoints.main_base import BasePPOExp
 
-    names = runpy.run_path(str(Path(__file__).resolve().parents[2] / "examples" / "skyrl" / "main_drcredit.py"))
-    assert issubclass(names["DrCreditPPOExp"], BasePPOExp) and callable(names["main"])
+def test_the_adapter_and_the_example_import_skyrl_on_this_python(tmp_path: Path) -> None:
+    """examples/skyrl/main_drcredit.py against the installed skyrl (it is not run: GPUs), in a fresh
+    interpreter with nothing patched by the tests (Python 3.11 here, where skyrl 0.3.0's trainer
+    modules fail to import on their own): register(), DrCreditGenerator and the example load;
+    the entrypoint's Ray task unpickles in another fresh interpreter without importing skyrl's
+    trainer modules, and builds the experiment class there."""
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "skyrl" / "main_drcredit.py"
+    pickled = tmp_path / "entrypoint.pkl"
+    driver = f"""
+import runpy, sys
+import ray.cloudpickle as cloudpickle
+from drcredit.trainers import skyrl as adapter
+assert "skyrl.tinker.types" not in sys.modules
+adapter.register()
+assert adapter.DrCreditGenerator.__mro__[1].__name__ == "GeneratorInterface"
+names = runpy.run_path({str(example)!r})
+from skyrl.train.entrypoints.main_base import BasePPOExp
+assert issubclass(names["experiment_class"](), BasePPOExp) and callable(names["main"])
+open({str(pickled)!r}, "wb").write(cloudpickle.dumps(names["entrypoint"]._function))
+"""
+    worker = f"""
+import sys
+import ray.cloudpickle as cloudpickle
+task = cloudpickle.loads(open({str(pickled)!r}, "rb").read())
+assert "skyrl.tinker.types" not in sys.modules, "unpickling the task imported skyrl's trainer modules"
+task.__globals__["drcredit_skyrl"].register()
+from skyrl.train.entrypoints.main_base import BasePPOExp
+assert issubclass(task.__globals__["experiment_class"](), BasePPOExp)
+"""
+    for code in (driver, worker):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_trajectory_without_policy_tokens_is_a_rollout_with_no_turns(tokenizer: Any) -> None:
+    """SkyRL's overlong filtering zeroes a loss mask before the batch path reads it: that row is a
+    rollout with no turns (nothing to train), not an error stopping the step."""
+    from drcredit.trainers.skyrl_rows import rows_from_output
+
+    trajectories = [types.SimpleNamespace(instance_id="u", repetition_id=k) for k in range(2)]
+    extras = {"question": EXAMPLE["question"], "rubrics": EXAMPLE["rubrics"]}
+    ids = tokenizer.encode("<answer>x</answer>", add_special_tokens=False)
+    output = {
+        "response_ids": [ids, ids],
+        "loss_masks": [[1] * len(ids), [0] * len(ids)],
+        "rewards": [1.0, 0.0],
+        "env_metrics": [{}, {}],
+    }
+    rows = rows_from_output(
+        {"trajectory_ids": trajectories, "env_extras": [extras, extras]}, output, tokenizer, DrCreditSettings()
+    )
+    assert [len(r.turns) for r in rows] == [1, 0] and rows[1].spans == []
