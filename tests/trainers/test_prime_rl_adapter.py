@@ -38,7 +38,7 @@ from drcredit.trainers.tokens import turn_advantages  # noqa: E402
 from tests.support.judge_server import Reply, running_judge  # noqa: E402
 from tests.support.judged_service import judged_service  # noqa: E402
 from tests.support.live import free_port  # noqa: E402
-from tests.trainers.skyrl_parts import EXAMPLE, observation, script  # noqa: E402
+from tests.trainers.skyrl_parts import EXAMPLE, PAGE_IDS, observation, script, visit_page_ids  # noqa: E402
 from tests.trainers.tiny import byte_tokenizer  # noqa: E402
 
 #: ChatML that renders an assistant message exactly as the model wrote it (so the message graph
@@ -75,8 +75,16 @@ def generation(turns: list[dict[str, Any]]) -> str:
     return turns[0]["reasoning"][:30] + "".join(f"<tool_call>{json.dumps(c)}</tool_call>" for c in calls)
 
 
-def play(tokenizer: Any, rollout: int, *, parallel: bool) -> tuple[Any, list[list[dict[str, Any]]]]:
-    """A real verifiers trace of one scripted agent; returns it and the turns of each generation."""
+def play(
+    tokenizer: Any, rollout: int, *, parallel: bool, budget: int | None = None, stopped_by_verifiers: bool = True
+) -> tuple[Any, list[list[dict[str, Any]]]]:
+    """A real verifiers trace of one scripted agent; returns it and the turns of each generation.
+
+    ``budget``: the number of model calls, after which the rollout stops on its last call's tool
+    results. ``stopped_by_verifiers``: the turn limit is verifiers' own (its interception server
+    refuses the next model request and commits that request's messages, the tool results, into
+    the trace, as ``commit_prompt`` does there); otherwise the harness stops by itself and the
+    results never reach verifiers."""
     renderer = renderers.create_renderer(tokenizer, DefaultRendererConfig(tool_parser="qwen3"))
     turns = script(rollout)
     plan = (
@@ -84,6 +92,7 @@ def play(tokenizer: Any, rollout: int, *, parallel: bool) -> tuple[Any, list[lis
         if parallel and turns[1]["type"] != "answer"
         else [[t] for t in turns]
     )
+    plan = plan[:budget]
     data = vf.WireTaskData(question=EXAMPLE["question"], rubrics=EXAMPLE["rubrics"])
     trace = vf.WireTrace(task=vf.TraceTask(type="Research", data=data), agent=vf.AgentInfo(config=WireAgentConfig()))
     prompt: list[Any] = [UserMessage(content="Research: " + EXAMPLE["question"])]
@@ -108,9 +117,12 @@ def play(tokenizer: Any, rollout: int, *, parallel: bool) -> tuple[Any, list[lis
         for call, played in zip(calls, group if calls else [], strict=True):
             answer = observation(played).removeprefix("<tool_response>").removesuffix("</tool_response>")
             prompt.append(ToolMessage(tool_call_id=call.id, content=answer))
+    if budget is not None and stopped_by_verifiers and prompt[-1].role == "tool":
+        prepare_turn(trace, prompt, []).commit_prompt()
     trace.record_reward("rubric", EXAMPLE["rollouts"][rollout]["outcome_reward"])
     trace.ok = True
-    trace.stop("agent_completed")
+    trace.stop("agent_completed" if budget is None else "max_turns")
+    trace.info["rollout"] = rollout
     return trace, plan
 
 
@@ -152,6 +164,9 @@ def test_group_scored_onto_message_nodes(tokenizer: Any, service: str) -> None:
         spread = np.asarray(branch.advantages)
         mask = np.asarray(branch.sampled_mask)
         assert spread.shape == (len(branch.token_ids),) and not spread[~mask].any()
+        # the page ids the visit tool printed, renamed only where they collide (skyrl_parts.PAGE_IDS)
+        row = adapter.trace_rollout(trace, settings, group_key="q1", where="trace")
+        assert visit_page_ids({"turns": row.turns}) == PAGE_IDS[trace.info["rollout"]]
         # a record written to disk and read back keeps them (verifiers rounds them to 4 decimals)
         again = vf.WireTrace.model_validate(trace.to_record())
         np.testing.assert_allclose(again.branches[-1].advantages, spread, atol=1e-4)
@@ -210,3 +225,26 @@ def test_algorithm_subclass_scores_in_score_group(tokenizer: Any, service: str) 
     group = episodes(tokenizer, [4, 5])
     asyncio.run(algorithm.score_group(group))
     assert all(node.advantages is not None for e in group for node in e.traces[0].nodes if node.sampled)
+
+
+@pytest.mark.parametrize("stopped_by_verifiers", [True, False], ids=["verifiers-limit", "harness-limit"])
+def test_a_rollout_stopped_after_a_tool_call(tokenizer: Any, stopped_by_verifiers: bool) -> None:
+    """Three model calls, the third a tool call: when verifiers' own turn limit stops the rollout,
+    the refused request's tool results are in the trace and the last turn keeps them; when the
+    harness stops by itself they never reach verifiers, and the turn says it has no response."""
+    settings = DrCreditSettings()
+    for rollout in (0, 2, 6):
+        trace, plan = play(tokenizer, rollout, parallel=False, budget=3, stopped_by_verifiers=stopped_by_verifiers)
+        played = plan[-1][0]
+        last = adapter.trace_rollout(trace, settings, group_key="q", where="trace").turns[-1]
+        assert len(plan) == 3 and last["type"] == played["type"]
+        if played["type"] == "search":
+            got = ([r["url"] for r in last["results"]], last["error"])
+            kept = ([r["url"] for r in played["results"]], None)
+            assert got == (kept if stopped_by_verifiers else ([], "no response"))
+        else:
+            got_pages = [(p["url"], p["error"] or None) for p in last["pages"]]
+            kept_pages = [(p["url"], p.get("error") or None) for p in played["pages"]]
+            assert got_pages == (
+                kept_pages if stopped_by_verifiers else [(p["url"], "no response") for p in played["pages"]]
+            )

@@ -249,6 +249,45 @@ def test_completion_record_from_trl_tool_loop_messages() -> None:
     assert plain["turns"] == [{"type": "answer", "reasoning": "", "answer": "just text"}] and plain["spans"] == [[0, 3]]
 
 
+def test_completion_record_keeps_the_ids_the_tools_printed() -> None:
+    """TRL's tool loop hands the tools' return values over as text: two visits each printing their
+    page as W101 (the later keeps it, the earlier takes W1), a search that failed, and a
+    completion whose mask TRL left without a policy token (a rollout with no turns)."""
+    url = EXAMPLE["rollouts"][0]["turns"][1]["call"]["urls"][0]
+
+    def visit(k: int) -> list[dict[str, Any]]:
+        arguments = {"urls": [url], "goal": f"g{k}"}
+        pages = {"pages": [{"id": "W101", "url": url, "evidence": f"e{k}"}]}
+        return [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"function": {"name": "visit", "arguments": arguments}}],
+            },
+            {"role": "tool", "name": "visit", "content": json.dumps(pages)},
+        ]
+
+    completion = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "search", "arguments": {"query": "q"}}}],
+        },
+        {"role": "tool", "name": "search", "content": json.dumps({"error": "quota exceeded", "results": []})},
+        *visit(0),
+        *visit(1),
+        {"role": "assistant", "content": '<answer><cite id="W101">e1</cite></answer>'},
+    ]
+    mask = [1, 0, 1, 0, 1, 0, 1]
+    record = adapter.completion_record(completion, mask)
+    assert record["error"] is None, record["error"]
+    assert (record["turns"][0]["results"], record["turns"][0]["error"]) == ([], "quota exceeded")
+    pages = [[(p["id"], p["evidence"]) for p in t["pages"]] for t in record["turns"][1:3]]
+    assert pages == [[("W1", "e0")], [("W101", "e1")]]  # the report's W101 is the page it read last
+    empty = adapter.completion_record(completion, [0] * 7)
+    assert empty["error"] is None and empty["turns"] == [] and "no policy tokens" in empty["warning"]
+
+
 def test_question_and_rubrics_from_rows() -> None:
     rubrics = EXAMPLE["rubrics"][:1]
     assert adapter.question_and_rubrics({"question": "q", "rubrics": json.dumps(rubrics)}) == ("q", rubrics)

@@ -347,7 +347,13 @@ def function_tools() -> list[Any]:
 
     first = EXAMPLE["rollouts"][0]["turns"]
     search_results = {"results": [{k: r[k] for k in ("url", "title", "snippet")} for r in first[0]["results"]]}
-    pages = {"pages": [{k: p[k] for k in ("url", "evidence", "summary")} for p in first[1]["pages"]]}
+    # the visit tool numbers its pages per call from W101 (not per rollout from W1)
+    pages = {
+        "pages": [
+            {"id": f"W{101 + j}", **{k: p[k] for k in ("url", "evidence", "summary")}}
+            for j, p in enumerate(first[1]["pages"])
+        ]
+    }
 
     def search(queries: list[str]) -> dict[str, Any]:
         return search_results
@@ -469,6 +475,7 @@ def test_agent_loop_records_turns_and_spans(env: str, registered: dict[str, Any]
     assert [r["url"] for r in record["turns"][0]["results"]] == [r["url"] for r in first[0]["results"]]
     assert record["turns"][1]["call"]["urls"] == [url]
     assert record["turns"][1]["pages"][0]["evidence"] == first[1]["pages"][0]["evidence"]
+    assert record["turns"][1]["pages"][0]["id"] == "W101"  # as the tool printed it
     assert "coolant fitting failed" in record["turns"][2]["answer"]
     assert record["question"] == EXAMPLE["question"] and record["rubrics"] == EXAMPLE["rubrics"]
     mask = np.asarray(output.response_mask)
@@ -476,6 +483,22 @@ def test_agent_loop_records_turns_and_spans(env: str, registered: dict[str, Any]
         assert mask[start:end].all()  # the span is policy tokens only
         assert tokenizer.decode(output.response_ids[start:end]) == reply  # exactly that generation
     assert mask.sum() == sum(e - s for s, e in record["spans"])  # and every policy token is in one
+
+
+def test_agent_loop_keeps_printed_page_ids_and_renames_only_a_collision(env: str, registered: dict[str, Any]) -> None:
+    """Two visits, each printing its page as W101: the later one keeps W101 (the report's
+    citation names it), the earlier takes W1, the first id the tool printed nowhere."""
+    tokenizer = tiny_tokenizer()
+    url = EXAMPLE["rollouts"][0]["turns"][1]["call"]["urls"][0]
+    replies = [
+        call("visit", {"urls": [url], "goal": "cause"}) + "<|im_end|>",
+        call("visit", {"urls": [url], "goal": "confirm"}) + "<|im_end|>",
+        '<answer># R\n## S\n<cite id="W101">The fitting failed.</cite></answer><|im_end|>',
+    ]
+    record = run_agent_loop(None, tokenizer, replies).extra_fields[adapter.TURNS_KEY]
+    assert record["error"] is None, record["error"]
+    assert [[p["id"] for p in t["pages"]] for t in record["turns"][:2]] == [["W1"], ["W101"]]
+    assert '<cite id="W101">' in record["turns"][2]["answer"]
 
 
 def test_agent_loop_truncated_rollout_and_scoring(env: str, registered: dict[str, Any], recording: None) -> None:
