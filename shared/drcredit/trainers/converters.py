@@ -12,8 +12,11 @@ Turns: one turn per tool call, in call order. Calls named in :class:`ToolNames` 
 ``search`` / ``visit`` turns, any other call a ``tool`` turn; the final assistant output
 without a tool call becomes the ``answer`` turn. Every turn of a message gets that
 message's reasoning, because the visit judge reads the reasoning before each visit.
-Result ids ``S1, S2, ...`` and page ids ``W1, W2, ...`` are numbered per rollout in turn
-order (ids a tool printed itself are not kept, so ids are unique whatever the tool did).
+Result and page ids are the ones the tools printed (a report cites pages by them); an entry
+printed without an id gets the first free ``S<n>`` / ``W<n>``, and an id printed twice is
+kept by its latest usable page, the other occurrences renamed
+(:mod:`drcredit.trainers.tool_ids`), so ids are unique and a report's citations still name
+the page the agent last saw under them.
 
 A call with no response is allowed only in the last step of a truncated rollout: its
 search turn has no results and ``error`` ``no response``, its visit turn one page per

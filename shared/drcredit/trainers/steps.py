@@ -14,15 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from drcredit.trainers.tool_ids import assign_ids
-from drcredit.trainers.tool_responses import (
-    NO_RESPONSE,
-    ConversionError,
-    as_str,
-    first_arg,
-    page_entry,
-    search_results,
-    visit_pages,
-)
+from drcredit.trainers.tool_responses import NO_RESPONSE, ConversionError, as_str, first_arg, search_results
+from drcredit.trainers.visit_responses import page_entry, visit_pages
 
 # ----------------------------------------------------------------------------- calls and steps
 

@@ -6,7 +6,7 @@ kept. Two kinds of entries need a new id:
 
 * an entry the tool printed no id for: it gets the first free ``S<n>`` (results) or
   ``W<n>`` (pages), counting from 1 in turn order, so a tool that prints no ids gets
-  ``W1, W2, ...`` as before;
+  ``W1, W2, ...`` in turn order (failed pages included);
 * an id printed more than once in the rollout (a tool numbering each call from 1, or
   reprinting a page): one occurrence keeps it and the others get free ids. The one that
   keeps it is the one a report citing that id means: the latest usable page printed under
