@@ -161,8 +161,10 @@ def _assistant(text: str) -> dict[str, Any]:
 class ScriptedEngine:
     """An inference engine client that plays each trajectory's script, token in, token out."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, eos: bool = True) -> None:
         self.tokenizer = tokenizer
+        #: end each generation with the EOS token (a model stopping on a stop string does not)
+        self.eos = eos
         self.turn: dict[str, int] = {}
         self.rollout_of: dict[str, int] = {}
         #: per session, the token ids of each generation, in order
@@ -173,7 +175,7 @@ class ScriptedEngine:
         k = self.turn.get(session, 0)
         self.turn[session] = k + 1
         text = action(script(self.rollout_of[session])[k])
-        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id] * self.eos
         self.generated.setdefault(session, []).append(ids)
         return {"responses": [text], "response_ids": [ids], "stop_reasons": ["stop"], "response_logprobs": None}
 

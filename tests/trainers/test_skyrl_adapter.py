@@ -80,12 +80,19 @@ def generation(
     report_messages: bool = False,
     max_turns: int = 8,
     answer_last_call: bool = False,
+    engine_eos: bool = True,
+    multi_turn: bool = True,
     **settings: Any,
 ) -> Any:
     """A SkyRL generator wrapped by DrCredit (with a :class:`PostingClient`), its engine, and one
     training step's input."""
-    engine = ScriptedEngine(tokenizer)
-    config = GeneratorConfig(n_samples_per_prompt=SAMPLES, max_turns=max_turns, max_input_length=100_000)
+    engine = ScriptedEngine(tokenizer, eos=engine_eos)
+    config = GeneratorConfig(
+        n_samples_per_prompt=SAMPLES,
+        max_turns=max_turns,
+        max_input_length=100_000,
+        use_conversation_multi_turn=multi_turn,
+    )
     inner = SkyRLGymGenerator(config, SkyRLGymConfig(max_env_workers=0), engine, tokenizer)
     wrapped = adapter.DrCreditGenerator(
         inner,
@@ -376,3 +383,22 @@ def test_a_trajectory_without_policy_tokens_is_a_rollout_with_no_turns(tokenizer
         {"trajectory_ids": trajectories, "env_extras": [extras, extras]}, output, tokenizer, DrCreditSettings()
     )
     assert [len(r.turns) for r in rows] == [1, 0] and rows[1].spans == []
+
+
+def test_in_single_turn_mode_the_appended_eos_carries_the_last_turns_advantage(tokenizer: Any, service: str) -> None:
+    """use_conversation_multi_turn=false and generations that end without EOS: SkyRL appends one
+    EOS with loss mask 1 after the last generation; it is part of the last turn's policy tokens."""
+    generator, engine, batch, _ = generation(
+        tokenizer, service, stream=False, engine_eos=False, multi_turn=False, id_prefix="eos-"
+    )
+    output = asyncio.run(generator.generate(copy.deepcopy(batch)))
+    scored = generator.last_scored
+    assert scored is not None
+    for i, trajectory in enumerate(batch["trajectory_ids"]):
+        ids, mask, rewards = output["response_ids"][i], output["loss_masks"][i], output["rewards"][i]
+        assert ids[-1] == tokenizer.eos_token_id and mask[-1] == 1  # appended by SkyRL
+        generated = engine.generated[trajectory.to_string()][-1]
+        assert ids[-1 - len(generated) : -1] == generated  # right after the last generation
+        document = scored.documents[scored.group_ids[i]]
+        last = turn_advantages(document, f"r{trajectory.repetition_id}")[-1]
+        assert rewards[-1] == pytest.approx(last, abs=1e-6) and rewards[-2] == pytest.approx(last, abs=1e-6)
