@@ -104,11 +104,11 @@ def import_skyrl(module: str) -> Any:
         import typing_extensions  # pydantic's own dependency
 
         original = typing.TypedDict
-        typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+        typing.TypedDict = typing_extensions.TypedDict
         try:
             importlib.import_module(_TINKER_TYPES)
         finally:
-            typing.TypedDict = original  # type: ignore[misc]
+            typing.TypedDict = original
     return importlib.import_module(module)
 
 
