@@ -1,7 +1,9 @@
-"""Shared fixtures: a scripted OpenAI-compatible judge server and database URLs."""
+"""Shared fixtures: a scripted OpenAI-compatible judge server and database URLs, and a
+guard against a test module leaving an event loop running on the main thread."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +11,20 @@ import pytest
 
 from tests.support.infra import postgres_database
 from tests.support.judge_server import JudgeServer, marker_script, running_judge
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_event_loop_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The suite runs in random order: a module that leaves a loop running on the main
+    thread (Playwright's sync API does while it is open) would make every later test that
+    calls ``asyncio.run`` fail, depending on the order. Set up before and torn down after
+    every other fixture of the module, this fails the module that leaves one instead."""
+    yield
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    pytest.fail(f"{request.node.nodeid} left an event loop running on the main thread: {loop!r}")
 
 
 @pytest.fixture

@@ -121,8 +121,12 @@ def service() -> Iterator[Service]:
                 yield Service(url, db)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Chromium for one module's tests. Playwright's sync API runs its event loop on the
+    main thread for as long as it is open, and ``asyncio.run`` refuses to start under it:
+    open for the session, it broke every later test that runs a loop of its own (the
+    client's), so it is closed when the module's last test ends."""
     assert Path(CHROMIUM).exists(), "Chromium is needed for the viewer tests (scripts/test installs it)"
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
