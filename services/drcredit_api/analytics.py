@@ -40,13 +40,29 @@ async def get_runs(tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     return await read_db(rt, lambda s: list_runs(s, tenant))
 
 
+DriftThreshold = Annotated[
+    float | None,
+    Query(
+        description="A step is flagged when its drift is above this (default DRCREDIT_DRIFT_THRESHOLD, 0.15)",
+        ge=0,
+        le=1,
+        examples=[0.15],
+    ),
+]
+
+
 @router.get("/v1/runs/{run}", response_model=schemas.RunDocument, responses=answers(404, 422))
-async def get_run(run: str, tenant: Tenant, rt: RuntimeDep, budgets: Budgets = None) -> dict[str, Any]:
+async def get_run(
+    run: str, tenant: Tenant, rt: RuntimeDep, budgets: Budgets = None, drift_threshold: DriftThreshold = None
+) -> dict[str, Any]:
     """Per step of a run: groups and trajectories scored, judge calls and usage (tokens,
-    cost) per trajectory, failures, scoring latency, credit, the evidence proxy and the
-    distribution of A_rg; and the run's scoring workload row."""
+    cost) per trajectory, failures, scoring latency, credit, the evidence proxy, the
+    distribution of A_rg, and the judge's levels with their drift from the run's first
+    three steps; and the run's scoring workload row."""
     chosen = parse_budgets(budgets)
-    return await read_db(rt, lambda s: run_document(s, tenant, run, chosen, rt.settings.judge_price))
+    threshold = rt.settings.drift_threshold if drift_threshold is None else drift_threshold
+    price = rt.settings.judge_price
+    return await read_db(rt, lambda s: run_document(s, tenant, run, chosen, price, threshold))
 
 
 @router.get("/v1/batches/{batch_id}/sensitivity", response_model=schemas.SensitivityTable, responses=READ)

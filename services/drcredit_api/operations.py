@@ -17,6 +17,7 @@ from drcredit.scoring.work.outages import endpoint_states
 from drcredit.storage import models as m
 from drcredit.wiring.runtime import Runtime
 from drcredit_api import queues
+from drcredit_api.drift_metrics import update_drift_metrics
 from drcredit_api.endpoints import RuntimeDep, read_db
 
 router = APIRouter()
@@ -113,8 +114,9 @@ async def prometheus_metrics(request: Request, rt: RuntimeDep) -> Response:
     In distributed mode the pipeline's work is counted where it runs: judge calls,
     group latency, work units and tasks are series of the workers, each served on its
     ``DRCREDIT_METRICS_PORT`` (docs/operations.md, "Logs and metrics"). This endpoint
-    adds what the API sees: requests, ingest, groups by status, and each queue's
-    messages, live consumers and groups waiting for a consumer.
+    adds what the API sees: requests, ingest, groups by status, each queue's
+    messages, live consumers and groups waiting for a consumer, and the drift of recent
+    runs (:mod:`drcredit_api.drift_metrics`).
     """
 
     def counts(s: Any) -> dict[str, int]:
@@ -126,5 +128,9 @@ async def prometheus_metrics(request: Request, rt: RuntimeDep) -> Response:
             metrics.GROUPS_BY_STATUS.labels(status).set(by_status.get(status, 0))
     except Exception:  # noqa: BLE001 - metrics must answer even when the database does not
         pass
+    try:
+        await update_drift_metrics(request, rt)
+    except Exception:  # metrics must answer even when the drift cannot be read
+        log.warning("run drift not read for /metrics", exc_info=True)
     await run_in_threadpool(queues.update_metrics, request, rt)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

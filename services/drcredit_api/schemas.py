@@ -260,6 +260,30 @@ class RunList(_Open):
     runs: list[RunSummary]
 
 
+class JudgeLevels(_Open):
+    """The distribution of one kind's levels over the judgments the judge answered."""
+
+    judgments: int
+    counts: list[int]
+    #: counts / judgments; null without a judgment.
+    shares: list[float] | None
+
+
+class StepDrift(_Open):
+    #: Total variation distance from the baseline; null for the first three steps, in a
+    #: run of fewer than four, or without a judgment on either side.
+    value: float | None
+    flagged: bool
+
+
+class DriftBaseline(_Open):
+    threshold: float
+    #: The run's first three numbered steps (empty in a run of fewer than four).
+    steps: list[int]
+    #: Their judgments pooled, per kind; null in a run of fewer than four steps.
+    judge_levels: dict[str, JudgeLevels] | None
+
+
 class RunStep(_Open):
     step: int | None
     groups: int
@@ -280,6 +304,11 @@ class RunStep(_Open):
     zero_credit_share: float | None
     evidence: list[EvidencePoint]
     process_advantage: dict[str, Any]
+    #: Per kind (visit, report_rubric): the levels the judge gave in the step; null for a
+    #: step without a number.
+    judge_levels: dict[str, JudgeLevels] | None = None
+    #: Per kind: the step's drift from the run's first three steps, and whether it is flagged.
+    drift: dict[str, StepDrift] | None = None
 
 
 class Workload(_Open):
@@ -299,6 +328,7 @@ class RunDocument(_Open):
     run: str
     budgets: list[int]
     workload: Workload
+    drift_baseline: DriftBaseline | None = None
     steps: list[RunStep]
 
 

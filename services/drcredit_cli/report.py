@@ -50,7 +50,9 @@ def report(
             _check_database(settings.resolved_database_url)
             db = Database(settings.resolved_database_url, 2)
             try:
-                html = _html(kind, name, database_fetch(db, tenant, kind, name, settings.judge_price))
+                html = _html(
+                    kind, name, database_fetch(db, tenant, kind, name, settings.judge_price, settings.drift_threshold)
+                )
             finally:
                 db.dispose()
     except (LookupError, NotFound, NotReady, ValidationError) as exc:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from drcredit.domain.drift import DEFAULT_DRIFT_THRESHOLD
 from drcredit.domain.limits import Limits
 from drcredit.domain.usage import JudgePrice, parse_price
 
@@ -112,6 +113,14 @@ class Settings(BaseSettings):
     max_items: int = Field(100, ge=1)
     max_text_chars: int = Field(1_000_000, ge=1)
     on_judge_failure: Literal["zero", "fail", "exclude"] = "zero"
+
+    # Drift over a run -------------------------------------------------------
+    #: A run's step is flagged when the total variation distance of its judge levels from
+    #: the run's first three steps is above this (0..1); ``GET /v1/runs/{run}`` takes
+    #: ``drift_threshold`` to override it per request, and ``/metrics`` uses it.
+    drift_threshold: float = Field(DEFAULT_DRIFT_THRESHOLD, ge=0, le=1, allow_inf_nan=False)
+    #: ``/metrics`` exports the drift of runs with a group created within this many seconds.
+    drift_metrics_window_s: float = Field(3600.0, gt=0)
 
     # Operations ------------------------------------------------------------
     #: First-generation threshold of Python's cyclic garbage collector in the API and

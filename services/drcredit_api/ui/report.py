@@ -16,6 +16,7 @@ from drcredit.analytics.evidence import evidence_document
 from drcredit.analytics.runs import list_runs, run_document
 from drcredit.analytics.sensitivity import batch_sensitivity
 from drcredit.audit import service as audits
+from drcredit.domain.drift import DEFAULT_DRIFT_THRESHOLD
 from drcredit.domain.evidence import DEFAULT_BUDGETS
 from drcredit.domain.usage import JudgePrice
 from drcredit.scoring.results import breakdown, documents
@@ -76,9 +77,17 @@ def remote_fetch(client: httpx.Client) -> Fetch:
     return fetch
 
 
-def database_fetch(db: Database, tenant: str, kind: str, name: str, price: JudgePrice | None = None) -> Fetch:
+def database_fetch(
+    db: Database,
+    tenant: str,
+    kind: str,
+    name: str,
+    price: JudgePrice | None = None,
+    drift_threshold: float = DEFAULT_DRIFT_THRESHOLD,
+) -> Fetch:
     """The documents the endpoints would answer, read from the database directly (costs
-    at ``price``, as the service's ``DRCREDIT_JUDGE_PRICE`` would give them)."""
+    at ``price`` and drift flagged above ``drift_threshold``, as the service's
+    ``DRCREDIT_JUDGE_PRICE`` and ``DRCREDIT_DRIFT_THRESHOLD`` would give them)."""
 
     def fetch(path: str) -> dict[str, Any]:
         with db.session() as s:
@@ -101,7 +110,7 @@ def database_fetch(db: Database, tenant: str, kind: str, name: str, price: Judge
             if path.endswith("/sensitivity"):
                 batch_id = path.split("/")[3]
                 return batch_sensitivity(s, documents.find_batch(s, tenant, unquote(batch_id)))
-            return run_document(s, tenant, name, DEFAULT_BUDGETS, price)
+            return run_document(s, tenant, name, DEFAULT_BUDGETS, price, drift_threshold)
 
     return fetch
 

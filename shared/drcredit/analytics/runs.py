@@ -6,8 +6,9 @@ and trajectories scored, judge calls per trajectory (process and outcome), the j
 usage (tokens, cost) in all and per trajectory, failed judgments and unscorable turns,
 scoring latency per trajectory (a rollout's arrival to its group's advantages), mean
 credit and the share of zero-credit turns, the evidence proxy C(b) and U(b) over the
-step's trajectories, and the distribution of A_rg. Per run: the scoring workload row
-(:mod:`drcredit.analytics.workload`).
+step's trajectories, the distribution of A_rg, and the judge's levels with their drift
+from the run's first steps (:mod:`drcredit.analytics.drift`). Per run: the scoring
+workload row (:mod:`drcredit.analytics.workload`) and the drift's baseline.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from drcredit.analytics.drift import levels_by_step, run_drift_section
 from drcredit.analytics.evidence import contributions, points
 from drcredit.analytics.workload import workload
+from drcredit.domain.drift import DEFAULT_DRIFT_THRESHOLD
 from drcredit.domain.summaries import ADVANTAGE_EDGES, describe, histogram
 from drcredit.domain.usage import JudgePrice, Usage, per_item, total
 from drcredit.scoring.errors import NotFound
@@ -60,9 +63,15 @@ def list_runs(s: Session, tenant: str) -> dict[str, Any]:
 
 
 def run_document(
-    s: Session, tenant: str, run: str, budgets: Sequence[int], price: JudgePrice | None = None
+    s: Session,
+    tenant: str,
+    run: str,
+    budgets: Sequence[int],
+    price: JudgePrice | None = None,
+    drift_threshold: float = DEFAULT_DRIFT_THRESHOLD,
 ) -> dict[str, Any]:
-    """The run's steps and its workload row; costs at ``price`` (null without one)."""
+    """The run's steps and its workload row; costs at ``price`` (null without one); a
+    step flagged when its drift is above ``drift_threshold``."""
     groups = s.execute(
         select(m.Group.id, m.Group.group_id, m.Group.step, m.Group.status, m.Group.finished_at, m.Batch.batch_id)
         .outerjoin(m.Batch, m.Batch.id == m.Group.batch_pk)
@@ -80,6 +89,8 @@ def run_document(
     by_step: dict[int | None, list[Any]] = defaultdict(list)
     for g in groups:
         by_step[g.step].append(g)
+    numbered = sorted(step for step in by_step if step is not None)
+    drift = run_drift_section(levels_by_step(s, tenant, run, numbered), drift_threshold)
     steps = []
     spent: list[Usage] = []
     for step, members in by_step.items():
@@ -129,9 +140,18 @@ def run_document(
                     "edges": list(ADVANTAGE_EDGES),
                     "counts": histogram(advantages),
                 },
+                # A step without a number is not in the run's order: no levels, no drift.
+                "judge_levels": drift.judge_levels.get(step) if step is not None else None,
+                "drift": drift.drift.get(step) if step is not None else None,
             }
         )
-    return {"run": run, "budgets": list(budgets), "workload": workload(steps, total(spent), price), "steps": steps}
+    return {
+        "run": run,
+        "budgets": list(budgets),
+        "workload": workload(steps, total(spent), price),
+        "drift_baseline": drift.baseline,
+        "steps": steps,
+    }
 
 
 def _judge_calls(s: Session, group_pks: list[int]) -> dict[int, dict[str, int]]:
