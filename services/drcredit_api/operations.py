@@ -17,8 +17,8 @@ from drcredit.scoring.work.outages import endpoint_states
 from drcredit.storage import models as m
 from drcredit.wiring.runtime import Runtime
 from drcredit_api import queues
-from drcredit_api.drift_metrics import update_drift_metrics
 from drcredit_api.endpoints import RuntimeDep, read_db
+from drcredit_api.run_metrics import update_run_metrics
 
 router = APIRouter()
 log = logging.getLogger("drcredit.api")
@@ -115,8 +115,9 @@ async def prometheus_metrics(request: Request, rt: RuntimeDep) -> Response:
     group latency, work units and tasks are series of the workers, each served on its
     ``DRCREDIT_METRICS_PORT`` (docs/operations.md, "Logs and metrics"). This endpoint
     adds what the API sees: requests, ingest, groups by status, each queue's
-    messages, live consumers and groups waiting for a consumer, and the drift of recent
-    runs (:mod:`drcredit_api.drift_metrics`).
+    messages, live consumers and groups waiting for a consumer, and what the database says
+    of runs and steps (:mod:`drcredit_api.run_metrics`: steps in flight, each recent run's
+    latest step time and drift, groups left open after their judgments).
     """
 
     def counts(s: Any) -> dict[str, int]:
@@ -129,8 +130,8 @@ async def prometheus_metrics(request: Request, rt: RuntimeDep) -> Response:
     except Exception:  # noqa: BLE001 - metrics must answer even when the database does not
         pass
     try:
-        await update_drift_metrics(request, rt)
-    except Exception:  # metrics must answer even when the drift cannot be read
-        log.warning("run drift not read for /metrics", exc_info=True)
+        await update_run_metrics(request, rt)
+    except Exception:  # metrics must answer even when the runs cannot be read
+        log.warning("steps and runs not read for /metrics", exc_info=True)
     await run_in_threadpool(queues.update_metrics, request, rt)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -130,6 +130,18 @@ RUN_DRIFT_FLAGGED = Gauge(
     "drcredit_run_drift_flagged", "1 while a run's latest step drifted past drift_threshold", ["tenant", "run", "kind"]
 )
 
+# Read from the database by the API when /metrics is scraped (drcredit_api.run_metrics).
+STEPS_IN_FLIGHT = Gauge("drcredit_steps_in_flight", "Steps of training runs with a group neither done nor failed")
+RUN_LATEST_STEP_SECONDS = Gauge(
+    "drcredit_run_latest_step_seconds",
+    "Wall time of each recent run's latest finished step: its first group's arrival to its last group's end",
+    ["tenant", "run"],
+)
+GROUPS_JUDGED_NOT_DONE = Gauge(
+    "drcredit_groups_judged_not_done",
+    "Open groups whose work units all finished more than 5 minutes ago, their advantages still not made",
+)
+
 
 @lru_cache(maxsize=512)
 def _judgment_children(backend: str, kind: str, status: str) -> tuple[Any, Any, Any, Any, Any]:

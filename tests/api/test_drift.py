@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, select, update
 
+from drcredit.storage import models as m
 from tests.support.api import api_client
 from tests.support.builders import answer, group_doc, page, rollout, rubric, visit
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
@@ -146,9 +149,9 @@ def test_a_run_of_three_steps_has_levels_and_no_drift(database_url: str, judge: 
 def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
     """(run, kind) -> value of each sample of ``name`` in Prometheus text."""
     out = {}
-    for m in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
-        out[(labels["run"], labels["kind"])] = float(m.group(2))
+    for found in re.finditer(rf"^{name}\{{([^}}]*)\}} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(1)))
+        out[(labels["run"], labels["kind"])] = float(found.group(2))
     return out
 
 
@@ -163,3 +166,32 @@ def test_metrics_export_the_latest_finished_steps_drift(database_url: str, judge
     assert drift[("drifting", "report_rubric")] == pytest.approx(1 / 6)
     assert flagged[("drifting", "visit")] == 0.0
     assert flagged[("drifting", "report_rubric")] == 1.0
+
+
+def _value(text: str, name: str) -> float:
+    found = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert found, f"{name} not in /metrics"
+    return float(found.group(1))
+
+
+def test_metrics_count_steps_in_flight_and_groups_left_open(database_url: str, judge: JudgeServer) -> None:
+    """Step 4's group made open again, with its work units' last end 10 minutes ago: one step
+    in flight, one group left open after its judgments; the latest finished step is 5."""
+    with api_client(database_url, judge.url) as client:
+        score_run(client)
+        first = client.get("/metrics").text
+    assert _value(first, "drcredit_steps_in_flight") == 0
+    assert _value(first, "drcredit_groups_judged_not_done") == 0
+    seconds = re.search(r'^drcredit_run_latest_step_seconds\{run="drifting",tenant="[^"]*"\} (\S+)$', first, re.M)
+    assert seconds and 0 <= float(seconds.group(1)) < 120
+    engine = create_engine(database_url)
+    with engine.begin() as conn:
+        pk = conn.scalar(select(m.Group.id).where(m.Group.group_id == "s4"))
+        conn.execute(update(m.Group).where(m.Group.id == pk).values(status="running"))
+        old = datetime.now(UTC) - timedelta(minutes=10)
+        conn.execute(update(m.WorkUnit).where(m.WorkUnit.group_pk == pk).values(updated_at=old))
+    engine.dispose()
+    with api_client(database_url, judge.url) as client:
+        text = client.get("/metrics").text
+    assert _value(text, "drcredit_steps_in_flight") == 1
+    assert _value(text, "drcredit_groups_judged_not_done") == 1

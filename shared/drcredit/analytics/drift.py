@@ -7,7 +7,7 @@ visit settled without a call (no usable page) or a snippet call skipped under sa
 is not the judge's answer, so neither moves the distribution.
 
 Two readers: the run document (every step) and the API's ``/metrics`` (each recent run's
-latest finished step, :func:`recent_drift`).
+latest finished step, :mod:`drcredit.analytics.recent_steps`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from drcredit.domain.drift import BASELINE_STEPS, DRIFT_KINDS, level_counts, pooled, run_drift, shares
 from drcredit.storage import models as m
-from drcredit.storage.database import aware
 
 #: The judgment kind stored for each kind followed (report rubric scores are ``rubric`` rows).
 STORED_KIND = {"visit": "visit", "report_rubric": "rubric"}
@@ -52,7 +50,7 @@ def levels_by_step(s: Session, tenant: str, run: str, steps: Sequence[int]) -> d
         query = query.where(m.Group.step.in_(list(steps)))
     found: dict[int, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
     for step, kind, level, count in s.execute(query):
-        found[step][_KIND_OF_STORED[kind]].append((level, count))
+        found[int(step)][_KIND_OF_STORED[kind]].append((int(level), int(count)))
     return {step: {kind: level_counts(found[step][kind], top) for kind, top in DRIFT_KINDS.items()} for step in steps}
 
 
@@ -95,62 +93,3 @@ def run_drift_section(levels: dict[int, StepLevels], threshold: float) -> RunDri
         "judge_levels": base_levels or None,
     }
     return RunDrift(judge_levels, drift, baseline)
-
-
-# --- /metrics ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DriftSample:
-    tenant: str
-    run: str
-    kind: str
-    step: int
-    drift: float
-    flagged: bool
-
-
-def recent_drift(s: Session, window_s: float, threshold: float, now: datetime | None = None) -> list[DriftSample]:
-    """Each run with a group created within ``window_s``: per kind, the drift of its latest
-    finished step (every group done or failed) after the first three; nothing for a kind
-    that step or the baseline has no judgment of.
-
-    Only the run's first three steps and that step are read, so the cost of a scrape does
-    not grow with a run's length.
-    """
-    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=window_s)
-    rows = s.execute(
-        select(
-            m.Group.tenant,
-            m.Group.run,
-            m.Group.step,
-            func.count(),
-            func.sum(case((m.Group.status.in_(("done", "failed")), 1), else_=0)),
-            func.max(m.Group.created_at),
-        )
-        .where(m.Group.run.is_not(None), m.Group.step.is_not(None))
-        .group_by(m.Group.tenant, m.Group.run, m.Group.step)
-    ).all()
-    runs: dict[tuple[str, str], list[tuple[int, bool]]] = defaultdict(list)
-    latest: dict[tuple[str, str], datetime] = {}
-    for tenant, run, step, groups, final, created in rows:
-        key = (tenant, run)
-        runs[key].append((step, groups == (final or 0)))
-        created_at = aware(created)
-        if key not in latest or created_at > latest[key]:
-            latest[key] = created_at
-    out = []
-    for (tenant, run), steps in runs.items():
-        if latest[(tenant, run)] < cutoff:
-            continue
-        ordered = sorted(steps)
-        finished = [step for step, done in ordered[BASELINE_STEPS:] if done]
-        if not finished:
-            continue
-        base = [step for step, _ in ordered[:BASELINE_STEPS]]
-        levels = levels_by_step(s, tenant, run, [*base, finished[-1]])
-        section = run_drift_section(levels, threshold)
-        for kind, d in section.drift[finished[-1]].items():
-            if d["value"] is not None:
-                out.append(DriftSample(tenant, run, kind, finished[-1], d["value"], d["flagged"]))
-    return out
