@@ -713,7 +713,14 @@ def test_compose_schema_rejects_invalid_service_key() -> None:
 
 
 def test_compose_services() -> None:
-    assert set(compose()["services"]) == {"postgres", "redis", "prometheus", "judge", *DRCREDIT_COMPOSE_SERVICES}
+    assert set(compose()["services"]) == {
+        "postgres",
+        "redis",
+        "prometheus",
+        "grafana",
+        "judge",
+        *DRCREDIT_COMPOSE_SERVICES,
+    }
 
 
 def test_compose_shared_env_anchor() -> None:
@@ -819,6 +826,21 @@ def test_compose_prometheus() -> None:
     assert svc["image"].split(":")[0] == "prom/prometheus"
     mounts = [v.split(":") for v in svc["volumes"]]
     assert any(src == "./deploy/prometheus.yml" and dst == "/etc/prometheus/prometheus.yml" for src, dst, *_ in mounts)
+    # Every rule file the configuration loads is mounted where it looks for it, from deploy/.
+    mounted = {dst: src for src, dst, *_ in mounts}
+    for rule_file in prometheus_config().get("rule_files", []):
+        assert rule_file in mounted, f"{rule_file} is not mounted into the prometheus service"
+        assert (REPO / mounted[rule_file]).is_file()
+    assert "/etc/prometheus/alerts.yml" in prometheus_config()["rule_files"]
+
+
+def test_compose_grafana() -> None:
+    svc = compose()["services"]["grafana"]
+    assert svc["image"].split(":")[0] == "grafana/grafana"
+    assert "prometheus" in svc["depends_on"]
+    for volume in svc["volumes"]:
+        src = volume.split(":")[0]
+        assert not src.startswith("./") or (REPO / src).exists(), f"{src} does not exist"
 
 
 # ---------------------------------------------------------------------------

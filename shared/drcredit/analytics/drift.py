@@ -50,7 +50,8 @@ def levels_by_step(s: Session, tenant: str, run: str, steps: Sequence[int]) -> d
         query = query.where(m.Group.step.in_(list(steps)))
     found: dict[int, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
     for step, kind, level, count in s.execute(query):
-        found[int(step)][_KIND_OF_STORED[kind]].append((int(level), int(count)))
+        if step is not None and level is not None:  # excluded by the query; for the types
+            found[step][_KIND_OF_STORED[kind]].append((level, count))
     return {step: {kind: level_counts(found[step][kind], top) for kind, top in DRIFT_KINDS.items()} for step in steps}
 
 
