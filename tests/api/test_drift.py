@@ -5,7 +5,7 @@ threshold as a query parameter and a setting, and the gauges ``/metrics`` export
 Every group has one positive rubric R1 and two rollouts, each a visit whose page carries a
 marker for R1's level (the marker judge answers it) and a report marked with R1's score,
 judged with ``outcome_source: judge``. Per step, the visit levels (a, b) and report scores
-(a, b):
+(a, b) (tests/support/scenarios.py, ``DRIFT_GROUPS``):
 
     step 1: visits 2, 0   reports 4, 0
     step 2: visits 1, 2   reports 4, 2
@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -33,10 +32,9 @@ from sqlalchemy import create_engine, select, update
 
 from drcredit.storage import models as m
 from tests.support.api import api_client
-from tests.support.builders import answer, group_doc, page, rollout, rubric, visit
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
-
-FAIL = "[fail-this-visit]"
+from tests.support.scenarios import DRIFT_GROUPS as GROUPS
+from tests.support.scenarios import FAIL
 
 
 def failing_marker_script(call: Call) -> Reply:
@@ -50,39 +48,6 @@ def failing_marker_script(call: Call) -> Reply:
 def judge() -> Iterator[JudgeServer]:
     with running_judge(failing_marker_script) as server:
         yield server
-
-
-def _evidence(level: int | str, point: str) -> str:
-    return FAIL if level == "fail" else f"[R1:{level}:{point}]" if level else "nothing relevant"
-
-
-def drift_group(gid: str, step: int, visits: tuple[int | str, int | str], reports: tuple[int, int]) -> dict[str, Any]:
-    rollouts = [
-        rollout(
-            rid,
-            visit(page("W1", f"https://{gid}-{rid}.org/p", _evidence(level, f"{gid}{rid}"))),
-            answer(f"the report [R1={score}]"),
-            reward=None,
-        )
-        for rid, level, score in zip(("a", "b"), visits, reports, strict=True)
-    ]
-    return group_doc(
-        *rollouts,
-        rubrics=[rubric("R1")],
-        params={"outcome_source": "judge"},
-        group_id=gid,
-        metadata={"run": "drifting", "step": step},
-    )
-
-
-GROUPS = [
-    drift_group("s1", 1, (2, 0), (4, 0)),
-    drift_group("s2", 2, (1, 2), (4, 2)),
-    drift_group("s3", 3, (0, 1), (0, 2)),
-    drift_group("s4", 4, (2, 2), (4, 4)),
-    drift_group("s5x", 5, (0, 1), (0, 2)),
-    drift_group("s5y", 5, (2, "fail"), (4, 2)),
-]
 
 
 def score_run(client: TestClient) -> None:

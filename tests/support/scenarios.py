@@ -41,3 +41,44 @@ def rollout_b() -> dict[str, Any]:
 
 def hand_worked_group(**extra: Any) -> dict[str, Any]:
     return group_doc(rollout_a(), rollout_b(), rubrics=RUBRICS, **extra)
+
+
+#: A visit whose page carries this is failed by the API drift tests' judge (tests/api/test_drift.py).
+FAIL = "[fail-this-visit]"
+
+
+def _evidence(level: int | str, point: str) -> str:
+    return FAIL if level == "fail" else f"[R1:{level}:{point}]" if level else "nothing relevant"
+
+
+def drift_group(gid: str, step: int, visits: tuple[int | str, int | str], reports: tuple[int, int]) -> dict[str, Any]:
+    """A group of run ``drifting``: rollouts a and b each visit a page marked with R1's level
+    (or :data:`FAIL`) and end with a report marked with R1's score (``outcome_source: judge``)."""
+    rollouts = [
+        rollout(
+            rid,
+            visit(page("W1", f"https://{gid}-{rid}.org/p", _evidence(level, f"{gid}{rid}"))),
+            answer(f"the report [R1={score}]"),
+            reward=None,
+        )
+        for rid, level, score in zip(("a", "b"), visits, reports, strict=True)
+    ]
+    return group_doc(
+        *rollouts,
+        rubrics=[rubric("R1")],
+        params={"outcome_source": "judge"},
+        group_id=gid,
+        metadata={"run": "drifting", "step": step},
+    )
+
+
+#: Five steps whose levels drift at step 4 and come back at step 5 (tests/api/test_drift.py
+#: works out every figure).
+DRIFT_GROUPS = [
+    drift_group("s1", 1, (2, 0), (4, 0)),
+    drift_group("s2", 2, (1, 2), (4, 2)),
+    drift_group("s3", 3, (0, 1), (0, 2)),
+    drift_group("s4", 4, (2, 2), (4, 4)),
+    drift_group("s5x", 5, (0, 1), (0, 2)),
+    drift_group("s5y", 5, (2, "fail"), (4, 2)),
+]

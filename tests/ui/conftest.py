@@ -20,7 +20,7 @@ from tests.support.builders import group_doc
 from tests.support.infra import postgres_database
 from tests.support.judge_server import Call, Reply, marker_answer, running_judge
 from tests.support.live import free_port, serving
-from tests.support.scenarios import RUBRICS, hand_worked_group, rollout_a, rollout_b
+from tests.support.scenarios import DRIFT_GROUPS, RUBRICS, hand_worked_group, rollout_a, rollout_b
 from tests.ui.helpers import CHROMIUM, K1, K2, Service
 from tests.ui.scenarios import judged_group, long_group, step_group
 
@@ -50,13 +50,15 @@ def _seed(c: httpx.Client) -> None:
         "groups": [hand_worked_group(group_id="g1", metadata=step1), {**swapped, "group_id": "g2", "metadata": step1}],
     }
     assert c.post("/v1/batches", json=body).status_code == 202
-    posted = ["g3", "judged", "long"] + [f"many-{k}" for k in range(MANY_STEPS)]
+    posted = ["g3", "judged", "long"] + [f"many-{k}" for k in range(MANY_STEPS)] + [g["group_id"] for g in DRIFT_GROUPS]
     groups = [
         hand_worked_group(group_id="g3", metadata={"run": "exp", "step": 2}),
         # a run of one step, posted without a batch
         judged_group("judged", metadata={"run": "solo", "step": 3}),
         long_group("long"),
     ] + [step_group("many", k) for k in range(MANY_STEPS)]
+    # run drifting: five steps whose judge levels move away at step 4 (the drift section)
+    groups += DRIFT_GROUPS
     for doc in groups:
         assert c.post("/v1/groups", json=doc).status_code == 202, doc["group_id"]
     assert c.get("/v1/batches/b1/advantages", params={"wait": 60}).status_code == 200

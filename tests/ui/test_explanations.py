@@ -121,7 +121,7 @@ def test_every_number_on_every_page_is_explained(service: Service, page: Page) -
     open_page(page, service, "/ui/groups/g1")
     page.click('.cell[data-rollout="a"][data-turn="0"]')
     assert_all_explained(page, "group g1, a search selected")
-    for run in ("exp", "solo"):
+    for run in ("exp", "solo", "drifting"):
         open_page(page, service, f"/ui/runs/{run}")
         assert_all_explained(page, f"run {run}")
     open_page(page, service, "/ui")

@@ -19,6 +19,8 @@ RUN_CHARTS = (
     "chart-advantage",
     "chart-cb",
     "chart-ub",
+    "chart-drift",
+    "chart-levels",
 )
 
 

@@ -75,6 +75,12 @@
     work_latency: ["scoring latency / trajectory", "Mean seconds from a rollout's arrival to its group's advantages over a step's trajectories, averaged over the steps."],
     mean_credit: ["mean credit", "Mean credit of the research turns of the step's done groups."],
     zero_credit: ["zero-credit share", "Share of those research turns whose credit is exactly 0."],
+    level_judgments: ["judgments with a level", "The step's judgments of this kind the judge answered (a failed judgment, a visit settled without a call and a skipped snippet call are not counted)."],
+    visit_levels_share: ["visit levels", "Share of the step's visit judgments at level 0 (nothing new), 1 (partial new support) and 2 (new support that settles the rubric)."],
+    report_scores_share: ["report rubric scores", "Share of the step's report rubric judgments (outcome_source judge) at each score 0 to 4."],
+    drift: ["drift", "Total variation distance, 0.5 × the sum over levels of |p − q|, between the step's levels (p) and the run's first three steps' levels pooled (q); none for those steps, in a run of fewer than four steps, or without judgments on either side."],
+    drift_flagged: ["drift, flagged", "The step's drift is above the threshold (DRCREDIT_DRIFT_THRESHOLD, or the drift_threshold the page was asked with): its levels moved away from the run's first steps."],
+    drift_threshold: ["drift threshold", "A step is flagged when its drift is strictly above this (default 0.15)."],
     advantage_bins: ["turns per A_rg bin", "Research turns of the step whose process advantage A_rg falls in each bin (a bin holds its lower edge)."],
     // ---------------------------------------------------------------- sensitivity
     w1: ["W1", "1-Wasserstein distance between the batch's pooled process advantages under the setting and as scored."],

@@ -1,6 +1,7 @@
 /* The run page: per step, the judge's cost, the latency, the credit and its failures as
-   charts; C(b) and U(b) of the steps picked; a table of the steps; the sensitivity table
-   of a batch of the run; the run's judge audits (audits.js). */
+   charts; the judge's levels per step and their drift from the run's first three steps;
+   C(b) and U(b) of the steps picked; a table of the steps; the sensitivity table of a
+   batch of the run; the run's judge audits (audits.js). */
 (function () {
   "use strict";
   const D = window.DrCredit;
@@ -10,7 +11,8 @@
     "latency", "mean_credit", "zero_credit", "advantage_bins", "process_advantage", "budget", "cumulative", "rate",
     "work_steps", "work_trajectories", "process_tasks", "outcome_tasks", "work_latency", "prompt_tokens", "cached_tokens",
     "completion_tokens", "tokens_per_trajectory", "cost_per_trajectory", "run_cost", "cost",
-    "w1", "rmse", "process_sign", "fused_sign", "bound"];
+    "w1", "rmse", "process_sign", "fused_sign", "bound", "level_judgments", "visit_levels_share", "report_scores_share",
+    "drift", "drift_flagged", "drift_threshold"];
 
   async function runPage() {
     const name = document.body.dataset.run;
@@ -23,6 +25,7 @@
       num("trajectories", D.plural(trajectories, "trajectory", "trajectories") + " scored"));
     workload(run.workload);
     charts(steps);
+    drift(run);
     curves(steps);
     table(steps);
     D.glossary([...new Set(TERMS.concat(D.AUDIT_TERMS))]);
@@ -89,6 +92,55 @@
       type: "heatmap", x: x, y: bins, z: z, colorscale: "Cividis", zmin: 0,
       colorbar: { title: { text: "turns" }, tick0: 0, dtick: C().niceStep(most, 5), tickformat: "d" },
     }], { xaxis: axis, yaxis: C().axis("A_rg", { type: "category" }) });
+  }
+
+  /* The kinds whose levels are followed, as the run document names them. */
+  const DRIFT_KINDS = [["visit", "visit"], ["report_rubric", "report rubric"]];
+
+  /* Per step, the judge's levels and their drift (absent from documents made before they existed). */
+  function drift(run) {
+    const base = run.drift_baseline;
+    const numbered = run.steps.filter((s) => s.judge_levels);
+    const summary = document.getElementById("drift-summary");
+    const tbody = document.querySelector("#drift tbody");
+    if (!base) {
+      tbody.append(el("tr", {}, [el("td", { colspan: 7, text: "not in this document" })]));
+      return;
+    }
+    const flagged = numbered.filter((s) => DRIFT_KINDS.some(([k]) => s.drift[k].flagged));
+    summary.replaceChildren(base.steps.length
+      ? D.num("drift_threshold", "Baseline: steps " + base.steps.join(", ") + " pooled · threshold " + base.threshold + " · "
+        + D.plural(flagged.length, "step") + " flagged")
+      : D.num("drift_threshold", "Fewer than four numbered steps: no step to compare with the first three yet (threshold "
+        + base.threshold + ")."));
+    const { x, axis } = C().stepAxis(numbered);
+    const mode = numbered.length > 50 ? "lines" : "lines+markers";
+    const traces = DRIFT_KINDS.map(([k, label]) => ({ x: x, y: numbered.map((s) => s.drift[k].value), name: label,
+      mode: mode }));
+    traces.push({ x: x.length ? [x[0], x[x.length - 1]] : [], y: x.length ? [base.threshold, base.threshold] : [],
+      name: "threshold", mode: "lines", line: { dash: "dot" } });
+    C().plot("chart-drift", traces, { xaxis: axis, yaxis: C().axis("total variation distance",
+      { range: [0, 1] }) });
+    const share = (s, i) => (s.judge_levels.visit.shares ? s.judge_levels.visit.shares[i] : null);
+    C().plot("chart-levels", [0, 1, 2].map((i) => ({ x: x, y: numbered.map((s) => share(s, i)), name: "level " + i,
+      type: "bar" })), { xaxis: axis, yaxis: C().axis("share of visit judgments", { tickformat: ".0%",
+      range: [0, 1] }), barmode: "stack" });
+    for (const s of numbered) {
+      const cells = [cell("step", s.step)];
+      for (const [k] of DRIFT_KINDS) {
+        const levels = s.judge_levels[k], d = s.drift[k];
+        cells.push(cell("level_judgments", levels.judgments));
+        cells.push(cell(k === "visit" ? "visit_levels_share" : "report_scores_share",
+          levels.shares ? levels.shares.map((v) => pct(v)).join(" / ") : "–"));
+        const td = cell(d.flagged ? "drift_flagged" : "drift", d.value === null ? "–" : fmt(d.value, 3) + (d.flagged ? " ⚑ flagged" : ""));
+        td.dataset.kind = k;
+        if (d.flagged) td.classList.add("flagged");
+        cells.push(td);
+      }
+      const row = el("tr", { "data-step": s.step }, cells);
+      if (DRIFT_KINDS.some(([k]) => s.drift[k].flagged)) row.dataset.flagged = "true";
+      tbody.append(row);
+    }
   }
 
   function curves(steps) {
