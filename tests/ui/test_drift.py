@@ -41,11 +41,12 @@ def test_run_page_shows_levels_and_drift_per_step(service: Service, page: Page) 
             assert ("flagged" in shown) == drift["flagged"]
         flagged = any(step["drift"][kind]["flagged"] for kind in KINDS)
         assert row.get_attribute("data-flagged") == ("true" if flagged else None)
-    # The charts draw the document's values: the drift per kind and the threshold, and
-    # the visit level shares stacked.
+    # The charts draw the document's values: the drift per kind and the threshold (a dotted
+    # line across the plot), and the visit level shares stacked.
     drawn = page.evaluate("() => document.getElementById('chart-drift').data.map(t => t.y)")
-    assert drawn[:2] == [[s["drift"][kind]["value"] for s in steps] for kind in KINDS]
-    assert set(drawn[2]) == {run["drift_baseline"]["threshold"]}
+    assert drawn == [[s["drift"][kind]["value"] for s in steps] for kind in KINDS]
+    line = page.evaluate("() => document.getElementById('chart-drift').layout.shapes.map(s => [s.y0, s.y1])")
+    assert line == [[run["drift_baseline"]["threshold"]] * 2]
     shares = page.evaluate("() => document.getElementById('chart-levels').data.map(t => t.y)")
     assert shares == [[s["judge_levels"]["visit"]["shares"][i] for s in steps] for i in range(3)]
     base = run["drift_baseline"]

@@ -117,10 +117,10 @@
     const mode = numbered.length > 50 ? "lines" : "lines+markers";
     const traces = DRIFT_KINDS.map(([k, label]) => ({ x: x, y: numbered.map((s) => s.drift[k].value), name: label,
       mode: mode }));
-    traces.push({ x: x.length ? [x[0], x[x.length - 1]] : [], y: x.length ? [base.threshold, base.threshold] : [],
-      name: "threshold", mode: "lines", line: { dash: "dot" } });
-    C().plot("chart-drift", traces, { xaxis: axis, yaxis: C().axis("total variation distance",
-      { range: [0, 1] }) });
+    // The threshold as a dotted line across the plot (a shape: the legend stays short).
+    C().plot("chart-drift", traces, { xaxis: axis, yaxis: C().axis("total variation distance", { range: [0, 1] }),
+      shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: base.threshold, y1: base.threshold,
+        line: { dash: "dot", width: 1.5, color: "#8a3b00" } }] });
     const share = (s, i) => (s.judge_levels.visit.shares ? s.judge_levels.visit.shares[i] : null);
     C().plot("chart-levels", [0, 1, 2].map((i) => ({ x: x, y: numbered.map((s) => share(s, i)), name: "level " + i,
       type: "bar" })), { xaxis: axis, yaxis: C().axis("share of visit judgments", { tickformat: ".0%",
