@@ -21,8 +21,8 @@ from sqlalchemy import case, func, select
 
 from drcredit import metrics
 from drcredit.analytics.recent_steps import RecentSteps, recent_steps
-from drcredit.scoring.runtime import Runtime
 from drcredit.storage import models as m
+from drcredit.wiring.runtime import Runtime
 from drcredit_api.endpoints import read_db
 
 #: Seconds a reading serves scrapes before the database is read again.
