@@ -104,3 +104,14 @@ def test_threshold_outside_zero_one_is_refused() -> None:
     for bad in (-0.01, 1.5, float("nan")):
         with pytest.raises(ValueError, match="drift_threshold must be between 0 and 1"):
             validate_threshold(bad)
+
+
+def test_the_worked_example_of_the_method_docs() -> None:
+    # docs/method.md, "Drift over a run": visit counts per step; the baseline adds steps
+    # 1-3 into (24, 12, 4) of 40 -> (0.6, 0.3, 0.1). Step 4 (0.4, 0.4, 0.2): 0.5 x 0.4 = 0.2,
+    # flagged; step 5 (0.45, 0.3, 0.25): 0.5 x (0.15 + 0 + 0.15) = 0.15, equal, not flagged.
+    steps = [(6, 3, 1), (13, 5, 2), (5, 4, 1), (8, 8, 4), (9, 6, 5)]
+    assert pooled(steps[:3]) == (24, 12, 4)
+    got = run_drift(steps)
+    assert got[3].drift == pytest.approx(0.2) and got[3].flagged
+    assert got[4].drift == pytest.approx(0.15) and not got[4].flagged
