@@ -14,7 +14,7 @@ from drcredit.broker.consumers import CachedCensus, ConsumerRegistry
 from drcredit.scoring.results.events import NotificationListener
 from drcredit.settings import Settings, get_settings
 from drcredit.wiring.runtime import Runtime
-from drcredit_api import analytics, audits, operations
+from drcredit_api import analytics, audits, labels, operations
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import router
 from drcredit_api.errors import install_handlers
@@ -89,6 +89,7 @@ def create_app(
     app.include_router(operations.router)
     app.include_router(analytics.router)
     app.include_router(audits.router)
+    app.include_router(labels.router)
     app.include_router(ui.router)
     app.include_router(ui.root)
     app.mount("/ui/static", ui.static, name="ui-static")

@@ -366,12 +366,22 @@ class AuditSummary(_Open):
     finished_at: str | None = None
 
 
+class Marginals(_Open):
+    """Each side's share of its paired values in each category 0..m."""
+
+    original: list[float]
+    audit: list[float]
+
+
 class KindAgreement(_Open):
     pairs: int
     left_out: int
     exact: float | None
     kappa: float | None
     confusion: list[list[int]]
+    #: Mean of (audit - original) over the pairs, in the kind's units; null without a pair.
+    bias: float | None = None
+    marginals: Marginals | None = None
 
 
 class AuditEffect(_Open):
@@ -387,8 +397,12 @@ class AuditEffect(_Open):
 
 class AuditDocument(AuditSummary):
     agreement: dict[str, KindAgreement]
-    effect: AuditEffect
+    #: Null for an audit against people's labels (no second set of advantages).
+    effect: AuditEffect | None
     usage: dict[str, Any]
+    #: An audit against people's labels: each labeler's count of labels, and the
+    #: agreement of each pair of labelers (the first by name order as the original).
+    labelers: dict[str, Any] | None = None
 
 
 class AuditList(_Open):

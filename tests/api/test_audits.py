@@ -118,6 +118,13 @@ def test_an_audit_with_a_judge_that_shifts_levels_gives_the_numbers_worked_by_ha
     assert visit["confusion"] == [[2, 0, 0], [0, 2, 0], [0, 2, 0]]
     assert visit["kappa"] == pytest.approx(1 - (1 / 12) / (1 / 4))
     assert visit["first_visit"]["pairs"] == 6
+    # Bias: audit - original over the pairs: -1 (a-R1), -1 (c-R1), 0 elsewhere.
+    assert visit["bias"] == pytest.approx(-2 / 6)
+    assert visit["marginals"] == {
+        "original": pytest.approx([2 / 6, 2 / 6, 2 / 6]),
+        "audit": pytest.approx([2 / 6, 4 / 6, 0]),
+    }
+    assert report["agreement"]["snippet"]["bias"] is None and report["agreement"]["snippet"]["marginals"] is None
     # Credits: original (0.7, 0.2, 0.5), audit (0.2 + 0.2, 0.2, 0.2). A_rg = (c - mean) / std (ddof 0).
     orig = standardized([0.7, 0.2, 0.5])
     audit = standardized([0.4, 0.2, 0.2])

@@ -71,6 +71,7 @@ def test_a_kind_without_pairs_has_null_figures() -> None:
     got = agreement([], 4, left_out=2)
     assert (got.pairs, got.left_out, got.exact, got.kappa) == (0, 2, None, None)
     assert got.confusion == [[0] * 5 for _ in range(5)]
+    assert got.bias is None and got.marginals is None
 
 
 # ----------------------------------------------------------------------------- pairs

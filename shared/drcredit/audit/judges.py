@@ -81,6 +81,8 @@ def check_audit_judges(settings: Settings) -> None:
     for name in settings.audit_judges:
         if not name or len(name) > 128:
             raise ValueError(f"{SETTING}: a judge name must have 1-128 characters, got {name!r}")
+        if name == "human":
+            raise ValueError(f"{SETTING}: the judge name 'human' is kept for audits against people's labels")
         build_judge(audit_settings(settings, name)).close()
 
 

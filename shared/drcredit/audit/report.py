@@ -81,7 +81,16 @@ def _add(into: _Pairs, status: str, value: int | None, o_status: str, o_value: i
 
 
 def agreement_json(a: Agreement) -> dict[str, Any]:
-    return {"pairs": a.pairs, "left_out": a.left_out, "exact": a.exact, "kappa": a.kappa, "confusion": a.confusion}
+    """One kind's figures; ``bias`` and ``marginals`` null without a pair."""
+    return {
+        "pairs": a.pairs,
+        "left_out": a.left_out,
+        "exact": a.exact,
+        "kappa": a.kappa,
+        "confusion": a.confusion,
+        "bias": a.bias,
+        "marginals": asdict(a.marginals) if a.marginals is not None else None,
+    }
 
 
 def effect_json(e: Effect) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from drcredit.domain.group import GroupId
 
@@ -24,9 +24,15 @@ class AuditScope(BaseModel):
         return self
 
 
+#: The judge name of an audit against people's labels (never an operator's judge).
+HUMAN = "human"
+
+
 class AuditRequest(BaseModel):
     """``POST /v1/audits``: re-score ``sample_groups`` done groups of ``scope`` (all of
-    them when left out) with the audit judge ``judge``, chosen with ``seed``."""
+    them when left out) with the audit judge ``judge``, chosen with ``seed``; with
+    ``judge: "human"``, compare with the labels of ``labelers`` (every labeler's when
+    left out) on the labeled groups of the scope instead."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -34,3 +40,11 @@ class AuditRequest(BaseModel):
     scope: AuditScope
     sample_groups: int | None = Field(None, ge=1, le=10_000)
     seed: int = Field(0, ge=0, le=2**63 - 1)
+    labelers: list[str] | None = Field(None, min_length=1, max_length=1000)
+
+    @field_validator("labelers")
+    @classmethod
+    def _labelers_with_people(cls, labelers: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if labelers is not None and info.data.get("judge") != HUMAN:
+            raise ValueError(f'only an audit with "judge": "{HUMAN}" compares with labels')
+        return labelers

@@ -25,10 +25,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from drcredit.audit.judges import AuditJudges
+from drcredit.audit.labels.compare import human_report
+from drcredit.audit.labels.queue import scoped_groups
+from drcredit.audit.labels.store import group_originals, labels_of
 from drcredit.audit.report import Compared, Side, build_report
 from drcredit.audit.rescore import Rescored, rescore
 from drcredit.audit.sampling import groups_in_scope, sample
-from drcredit.audit.schemas import AuditRequest
+from drcredit.audit.schemas import HUMAN, AuditRequest
 from drcredit.domain.advantages import group_advantages
 from drcredit.domain.credit import group_credits
 from drcredit.domain.errors import FieldError, InvalidInput
@@ -51,7 +54,10 @@ LEASE_S = 60.0
 def start(
     db: Database, judges: AuditJudges, tenant: str, request: AuditRequest, dispatch: Callable[[int], None]
 ) -> dict[str, Any]:
-    """Check, sample and store a new audit; ``dispatch(audit_pk)`` starts it."""
+    """Check, sample and store a new audit; ``dispatch(audit_pk)`` starts it. An audit
+    against people's labels makes no judge call: it is compared and stored done here."""
+    if request.judge == HUMAN:
+        return start_human(db, tenant, request)
     if request.judge not in judges.names:
         known = ", ".join(judges.names) or "none is configured (DRCREDIT_AUDIT_JUDGES)"
         raise InvalidInput([FieldError("judge", f"no audit judge named {request.judge!r} (known: {known})")])
@@ -76,6 +82,54 @@ def start(
         audit_pk, doc = audit.id, summary(audit)
     dispatch(audit_pk)
     return doc
+
+
+def start_human(db: Database, tenant: str, request: AuditRequest) -> dict[str, Any]:
+    """The original judgments against the labels of the scope's labeled done groups."""
+    started = time.monotonic()
+    with db.session() as s:
+        groups = scoped_groups(s, tenant, request.scope, prefix="scope.")
+        labels = labels_of(s, tenant, [g.id for g in groups], request.labelers)
+        named = {name for keys in labels.values() for values in keys.values() for name in values}
+        missing = [
+            FieldError(f"labelers[{i}]", f"no label by {name!r} in this scope")
+            for i, name in enumerate(request.labelers or ())
+            if name not in named
+        ]
+        if missing:
+            raise InvalidInput(missing)
+        labeled = {g.group_id: g for g in groups if labels.get(g.id)}
+        if not labeled:
+            raise InvalidInput([FieldError("scope", "no done group in this scope has a label")])
+        chosen = sample(list(labeled), request.sample_groups, request.seed)
+        compared = [
+            (group_originals(s, labeled[gid]), labels[labeled[gid].id], params_of(labeled[gid]).history)
+            for gid in chosen
+        ]
+        report = human_report(compared)
+        labels_used = sum(len(v) for _, keys, _ in compared for v in keys.values())
+        now = datetime.now(UTC)
+        report.update(
+            effect=None,
+            usage={"calls": 0, "labels": labels_used, "seconds": round(time.monotonic() - started, 3)},
+        )
+        audit = m.Audit(
+            audit_id=f"aud-{uuid.uuid4().hex[:16]}",
+            tenant=tenant,
+            judge=HUMAN,
+            judge_model=None,
+            scope=request.scope.model_dump(exclude_none=True),
+            sample_groups=request.sample_groups,
+            seed=request.seed,
+            status="done",
+            group_ids=chosen,
+            report=report,
+            started_at=now,
+            finished_at=now,
+        )
+        s.add(audit)
+        s.flush()
+        return summary(audit)
 
 
 def find(s: Session, tenant: str, audit_id: str) -> m.Audit:
@@ -122,7 +176,8 @@ def listing(s: Session, tenant: str, run: str | None = None) -> list[dict[str, A
         entry = summary(row)
         if row.status == "done" and row.report:
             entry["agreement"] = row.report.get("agreement")
-            entry["effect"] = {k: v for k, v in (row.report.get("effect") or {}).items() if k != "groups"}
+            effect = row.report.get("effect")
+            entry["effect"] = None if effect is None else {k: v for k, v in effect.items() if k != "groups"}
             entry["usage"] = row.report.get("usage")
         out.append(entry)
     return out

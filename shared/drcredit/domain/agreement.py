@@ -9,6 +9,11 @@ two steps costs four times one of one step. For two categories (``m = 1``) this 
 Cohen's kappa. It is undefined (None) where chance alone could not disagree
 (``sum(w * E) = 0``: both judges always gave one and the same value).
 
+Agreement is not accuracy: a second judge that moves every value one way can keep a
+high kappa. The ``bias`` (mean of audit minus original, in the kind's own units) and
+each side's ``marginals`` (its share of pairs in each category) show such a shift.
+Labels from several people on one key count as one value, their lower median.
+
 What a change of judge does to the training signal is measured as a sensitivity replay
 measures a change of parameters (:mod:`drcredit.domain.sensitivity`), for the process
 and the fused advantage alike.
@@ -27,6 +32,14 @@ Pair = tuple[int, int]
 
 
 @dataclass(frozen=True)
+class Marginals:
+    """Each side's distribution over the categories: shares of its paired values."""
+
+    original: list[float]
+    audit: list[float]
+
+
+@dataclass(frozen=True)
 class Agreement:
     """Agreement of one kind of judgment: ``pairs`` compared, ``left_out`` because
     either side failed; ``exact`` and ``kappa`` None when there is no pair."""
@@ -37,6 +50,10 @@ class Agreement:
     kappa: float | None
     #: Counts: ``confusion[i][j]`` pairs valued ``i`` by the original judge, ``j`` by the audit's.
     confusion: list[list[int]]
+    #: Mean of (audit - original) over the pairs; None without a pair.
+    bias: float | None = None
+    #: Per side, its share of pairs in each category ``0..top``; None without a pair.
+    marginals: Marginals | None = None
 
 
 def confusion_matrix(pairs: Sequence[Pair], top: int) -> list[list[int]]:
@@ -66,13 +83,43 @@ def weighted_kappa(matrix: Sequence[Sequence[int]]) -> float | None:
     return 1.0 - observed / expected
 
 
+def bias(pairs: Sequence[Pair]) -> float | None:
+    """Mean signed difference, audit minus original (None without a pair)."""
+    if not pairs:
+        return None
+    return math.fsum(audit - original for original, audit in pairs) / len(pairs)
+
+
+def marginals(matrix: Sequence[Sequence[int]]) -> Marginals | None:
+    """Each side's shares per category from a confusion matrix of counts (None: empty)."""
+    n = sum(sum(row) for row in matrix)
+    if n == 0:
+        return None
+    size = len(matrix)
+    return Marginals(
+        original=[sum(matrix[i]) / n for i in range(size)],
+        audit=[sum(matrix[i][j] for i in range(size)) / n for j in range(size)],
+    )
+
+
 def agreement(pairs: Sequence[Pair], top: int, left_out: int = 0) -> Agreement:
     """The agreement figures of ``pairs`` valued on ``0..top``."""
     matrix = confusion_matrix(pairs, top)
     if not pairs:
         return Agreement(0, left_out, None, None, matrix)
     exact = sum(1 for original, audit in pairs if original == audit) / len(pairs)
-    return Agreement(len(pairs), left_out, exact, weighted_kappa(matrix), matrix)
+    return Agreement(
+        len(pairs), left_out, exact, weighted_kappa(matrix), matrix, bias=bias(pairs), marginals=marginals(matrix)
+    )
+
+
+def lower_median(values: Sequence[int]) -> int:
+    """Several people's values for one key as one: for sorted ``v1 <= ... <= vk``, the
+    value ``v_ceil(k/2)`` (the lower of the two middle values when ``k`` is even)."""
+    if not values:
+        raise ValueError("no value to reduce")
+    ordered = sorted(values)
+    return ordered[(len(ordered) + 1) // 2 - 1]
 
 
 def rmse(pairs: Sequence[tuple[float, float]]) -> float | None:

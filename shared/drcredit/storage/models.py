@@ -369,3 +369,34 @@ class AuditGroup(Base):
     advantages: Mapped[dict[str, Any]] = mapped_column(JSON)
     usage: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Label(Base):
+    """A person's value for one judgment's key (docs/audit.md, "Labels from people").
+
+    Keys are those the audit compares: ``kind`` visit | snippet (``turn_index`` and the
+    rubric in ``key_id``), report_rubric (the rubric) or citation (the claim index);
+    the two outcome kinds have no turn (``turn_index`` -1). One value per labeler and
+    key: a second label replaces the first.
+    """
+
+    __tablename__ = "labels"
+    __table_args__ = (
+        UniqueConstraint(
+            "tenant", "group_pk", "kind", "rollout_id", "turn_index", "key_id", "labeler", name="uq_labels_item_labeler"
+        ),
+        Index("ix_labels_tenant_labeler", "tenant", "labeler"),
+        Index("ix_labels_group_pk", "group_pk"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    rollout_id: Mapped[str] = mapped_column(String(256))
+    turn_index: Mapped[int] = mapped_column(Integer)
+    key_id: Mapped[str] = mapped_column(String(256))
+    labeler: Mapped[str] = mapped_column(String(128))
+    value: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
