@@ -225,23 +225,86 @@ def start_audit(
     group_ids: Iterable[str] | None,
     sample_groups: int | None,
     seed: int,
+    labelers: Iterable[str] | None = None,
 ) -> Call:
     """The scope is whichever of ``run``, ``batch_id``, ``group_ids`` is given; the service
     checks that exactly one is (a ``422`` naming ``scope``). Never retried: each POST starts
     another audit, which calls the audit judge again."""
+    body: JSONDict = {"judge": judge, "scope": _scope(run, batch_id, group_ids), "seed": seed}
+    if sample_groups is not None:
+        body["sample_groups"] = sample_groups
+    if labelers is not None:
+        body["labelers"] = _names(labelers, "labelers")
+    return Call("POST", "/v1/audits", json=body, retry=False)
+
+
+def _names(values: Iterable[str], what: str) -> list[str]:
+    if isinstance(values, str):
+        raise TypeError(f"{what} must be a list, not one string")
+    return list(values)
+
+
+def _scope(run: str | None, batch_id: str | None, group_ids: Iterable[str] | None) -> JSONDict:
     scope: JSONDict = {}
     if run is not None:
         scope["run"] = run
     if batch_id is not None:
         scope["batch_id"] = batch_id
     if group_ids is not None:
-        if isinstance(group_ids, str):
-            raise TypeError("group_ids must be a list of group ids, not one string")
-        scope["group_ids"] = list(group_ids)
-    body: JSONDict = {"judge": judge, "scope": scope, "seed": seed}
-    if sample_groups is not None:
-        body["sample_groups"] = sample_groups
-    return Call("POST", "/v1/audits", json=body, retry=False)
+        scope["group_ids"] = _names(group_ids, "group_ids")
+    return scope
+
+
+def label_queue(
+    labeler: str,
+    run: str | None,
+    batch_id: str | None,
+    group_ids: Iterable[str] | None,
+    kind: str | Iterable[str] | None,
+    n: int,
+    seed: int,
+) -> Call:
+    params: JSONDict = {"labeler": labeler, "n": n, "seed": seed, **_scope(run, batch_id, group_ids)}
+    if "group_ids" in params:
+        params["group_ids"] = ",".join(params["group_ids"])
+    if kind is not None:
+        params["kind"] = kind if isinstance(kind, str) else ",".join(kind)
+    return Call("GET", "/v1/labels/queue", params=params)
+
+
+def post_label(
+    value: int,
+    labeler: str,
+    item_id: str | None,
+    group_id: str | None,
+    kind: str | None,
+    key: Mapping[str, Any] | None,
+) -> Call:
+    # Posting the same label again stores the same value: harmless to retry.
+    body: JSONDict = {"value": value, "labeler": labeler}
+    for name, given in (("item_id", item_id), ("group_id", group_id), ("kind", kind), ("key", key)):
+        if given is not None:
+            body[name] = dict(given) if isinstance(given, Mapping) else given
+    return Call("POST", "/v1/labels", json=body, retry=True)
+
+
+def import_labels(labels: Iterable[Mapping[str, Any]]) -> Call:
+    # All or nothing, and a label given again replaces itself: harmless to retry.
+    return Call("POST", "/v1/labels/import", json={"labels": [dict(x) for x in labels]}, retry=True)
+
+
+def labels(group_ids: Iterable[str] | None, labeler: str | None) -> Call:
+    params: JSONDict = {}
+    if group_ids is not None:
+        params["group_id"] = _names(group_ids, "group_ids")
+    if labeler is not None:
+        params["labeler"] = labeler
+    return Call("GET", "/v1/labels", params=params or None)
+
+
+def delete_label(item_id: str, labeler: str) -> Call:
+    # A second delete answers 404: not retried.
+    return Call("DELETE", f"/v1/labels/{_segment(item_id)}", params={"labeler": labeler}, retry=False, text=True)
 
 
 def audit(audit_id: str, wait: float | None) -> Call:

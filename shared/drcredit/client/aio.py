@@ -179,12 +179,16 @@ class AsyncDrCreditClient:
         group_ids: Iterable[str] | None = None,
         sample_groups: int | None = None,
         seed: int = 0,
+        labelers: Iterable[str] | None = None,
     ) -> JSONDict:
         """Start a judge audit (docs/audit.md): the operator's audit judge ``judge`` re-scores
         ``sample_groups`` done groups (all when None) of one scope, a ``run``, a ``batch_id``
         or a list of ``group_ids``, drawn with ``seed``. Returns the queued audit's summary
-        (``audit_id``, ``group_ids``, ...). Never retried: each call starts another audit."""
-        return await self._json(rq.start_audit(judge, run, batch_id, group_ids, sample_groups, seed))
+        (``audit_id``, ``group_ids``, ...). Never retried: each call starts another audit.
+
+        ``judge="human"`` compares the original judgments with people's labels (those of
+        ``labelers``, every labeler's when None) instead: no judge call, done at once."""
+        return await self._json(rq.start_audit(judge, run, batch_id, group_ids, sample_groups, seed, labelers))
 
     async def get_audit(self, audit_id: str, *, wait: float | None = None) -> JSONDict:
         """The audit's report once done; :class:`NotReady` (``status`` queued, running or
@@ -196,6 +200,56 @@ class AsyncDrCreditClient:
         one carries its ``agreement``, ``effect`` (without per-group figures) and ``usage``."""
         listed = await self._json(rq.audits(run))
         return list(listed.get("audits") or [])
+
+    # ------------------------------------------------------------------------ labels from people
+
+    async def label_queue(
+        self,
+        labeler: str,
+        *,
+        run: str | None = None,
+        batch_id: str | None = None,
+        group_ids: Iterable[str] | None = None,
+        kind: str | Iterable[str] | None = None,
+        n: int = 20,
+        seed: int = 0,
+    ) -> JSONDict:
+        """``n`` judgments of one scope for ``labeler`` to label (docs/audit.md): each item
+        has ``item_id``, ``group_id``, ``kind``, ``key`` and ``shown`` (what the judge saw),
+        never the judge's answer; none ``labeler`` already labeled. ``kind``: one of visit,
+        snippet, report_rubric, citation, several, or all when None."""
+        return await self._json(rq.label_queue(labeler, run, batch_id, group_ids, kind, n, seed))
+
+    async def post_label(
+        self,
+        value: int,
+        labeler: str,
+        *,
+        item_id: str | None = None,
+        group_id: str | None = None,
+        kind: str | None = None,
+        key: Mapping[str, Any] | None = None,
+    ) -> JSONDict:
+        """Store ``labeler``'s ``value`` for a judgment named by ``item_id`` (from the queue)
+        or by ``group_id``, ``kind`` and ``key``; replaces that labeler's earlier label on
+        the key. The answer carries the judge's own answer (``judge``)."""
+        return await self._json(rq.post_label(value, labeler, item_id, group_id, kind, key))
+
+    async def import_labels(self, labels: Iterable[Mapping[str, Any]]) -> JSONDict:
+        """Store many labels at once (``{"stored": N, "replaced": M}``), or none of them:
+        :class:`InvalidRequest` names each refused one as ``labels[i].field``."""
+        return await self._json(rq.import_labels(labels))
+
+    async def list_labels(
+        self, *, group_ids: Iterable[str] | None = None, labeler: str | None = None
+    ) -> list[JSONDict]:
+        """This tenant's labels (of these groups, by this labeler), by group and key."""
+        listed = await self._json(rq.labels(group_ids, labeler))
+        return list(listed.get("labels") or [])
+
+    async def delete_label(self, item_id: str, labeler: str) -> None:
+        """Take back ``labeler``'s label on ``item_id`` (:class:`NotFound` when there is none)."""
+        await self._request(rq.delete_label(item_id, labeler))
 
     # ------------------------------------------------------------------------ operations
 
