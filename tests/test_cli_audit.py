@@ -84,6 +84,13 @@ def cells(table: str, label: str) -> list[str]:
     return rows[0][len(label) :].split()
 
 
+def marginal_rows(out: str, kind: str) -> tuple[list[str], list[str]]:
+    """The marginals table's two rows of ``kind``: the original's shares, the other side's name and shares."""
+    lines = [line.strip() for line in out.splitlines()]
+    at = next(i for i, x in enumerate(lines) if x.split()[:2] == [kind, "original"])
+    return lines[at].split()[2:], lines[at + 1].split()
+
+
 def test_start_waits_and_prints_the_report_as_tables(served: Served) -> None:
     result = served.audit("start", "--judge", "shifted", "--group", "g0", "--wait", "60")
     assert result.returncode == 0, result.stderr
@@ -94,10 +101,13 @@ def test_start_waits_and_prints_the_report_as_tables(served: Served) -> None:
     assert "audit judge shifted (judge-b), groups g0, 1 group sampled (seed 0)" in out
     # Visit pairs (original, audit), worked by hand in tests/api/test_audits.py: 6 pairs,
     # 4 equal, kappa 1 - (1/12) / (1/4) = 2/3.
-    assert cells(out, "visit level (0-2)") == ["6", "0", "66.7%", "0.667"]
-    assert cells(out, "first visits") == ["6", "0", "66.7%", "0.667"]
+    # Bias: two pairs of the six one level lower, -2/6.
+    assert cells(out, "visit level (0-2)") == ["6", "0", "66.7%", "0.667", "-0.333"]
+    assert cells(out, "first visits") == ["6", "0", "66.7%", "0.667", "-0.333"]
     for label in ("snippet match (0/1)", "report rubric (0-4)", "citation joint (0-2)"):
-        assert cells(out, label) == ["0", "0", "–", "–"]
+        assert cells(out, label) == ["0", "0", "–", "–", "–"]
+    # Marginals: the original 2, 2, 2 of 6 at levels 0, 1, 2; the audit judge 2, 4, 0.
+    assert marginal_rows(out, "visit") == (["33.3%", "33.3%", "33.3%"], ["audit", "33.3%", "66.7%", "0.0%"])
     assert "Confusion matrices (rows: the original judge; columns: the audit judge)" in out
     matrix = out.split("\nvisit level (0-2)\n")[1].split("visit level, first visits")[0]
     assert [cells(matrix, str(i)) for i in range(3)] == [["2", "0", "0"], ["0", "2", "0"], ["0", "2", "0"]]
@@ -148,7 +158,7 @@ def test_the_report_fits_80_columns(served: Served) -> None:
     lines = result.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80, result.stdout
     # 2 groups: twice the visit pairs of one.
-    assert cells(result.stdout, "visit level (0-2)") == ["12", "0", "66.7%", "0.667"]
+    assert cells(result.stdout, "visit level (0-2)") == ["12", "0", "66.7%", "0.667", "-0.333"]
 
 
 def test_errors_are_one_line_with_their_exit_code(served: Served) -> None:

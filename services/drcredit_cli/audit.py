@@ -63,35 +63,35 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the service's JSON d
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
+def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=code)
 
 
 @contextmanager
-def _service(url: str, api_key: str | None) -> Iterator[DrCreditClient]:
+def service(url: str, api_key: str | None) -> Iterator[DrCreditClient]:
     """A client of the service; every error it raises becomes one line and an exit code."""
     try:
         with DrCreditClient(url, api_key=api_key or None, max_attempts=3) as client:
             yield client
     except InvalidRequest as exc:
-        _fail("; ".join(f"{e['field']}: {e['message']}" for e in exc.errors) or exc.message)
+        fail("; ".join(f"{e['field']}: {e['message']}" for e in exc.errors) or exc.message)
     except (NotFound, AuthError) as exc:
-        _fail(exc.message)
+        fail(exc.message)
     except AuditFailed as exc:
-        _fail(exc.message, EXIT_AUDIT_FAILED)
+        fail(exc.message, EXIT_AUDIT_FAILED)
     except NotReady as exc:
         if exc.status == "failed":
-            _fail(exc.message, EXIT_AUDIT_FAILED)
-        _fail(f"{exc.message}; not done yet (--wait S waits up to S seconds for its report)", EXIT_NOT_DONE)
+            fail(exc.message, EXIT_AUDIT_FAILED)
+        fail(f"{exc.message}; not done yet (--wait S waits up to S seconds for its report)", EXIT_NOT_DONE)
     except DrCreditTimeout as exc:
-        _fail(exc.message, EXIT_NOT_DONE)
+        fail(exc.message, EXIT_NOT_DONE)
     except DrCreditConnectionError as exc:
-        _fail(f"cannot reach the service: {exc} (--url, $DRCREDIT_URL)", EXIT_SERVICE)
+        fail(f"cannot reach the service: {exc} (--url, $DRCREDIT_URL)", EXIT_SERVICE)
     except ServerError as exc:
-        _fail(f"the service at {url} answered {exc}", EXIT_SERVICE)
+        fail(f"the service at {url} answered {exc}", EXIT_SERVICE)
     except DrCreditError as exc:
-        _fail(str(exc), EXIT_SERVICE)
+        fail(str(exc), EXIT_SERVICE)
 
 
 def _print_json(document: Any) -> None:
@@ -116,7 +116,13 @@ def _wait_option(help_text: str) -> Any:
 
 @audit_app.command("start", cls=Command)
 def start(
-    judge: Annotated[str, typer.Option("--judge", help="The audit judge, by its name in DRCREDIT_AUDIT_JUDGES.")],
+    judge: Annotated[
+        str,
+        typer.Option(
+            "--judge",
+            help="The audit judge, by its name in DRCREDIT_AUDIT_JUDGES; 'human': compare with people's labels.",
+        ),
+    ],
     run: Annotated[str | None, typer.Option("--run", help="Audit the done groups of this training run.")] = None,
     batch: Annotated[str | None, typer.Option("--batch", help="Audit the done groups of this batch.")] = None,
     group: Annotated[
@@ -127,6 +133,14 @@ def start(
         typer.Option("--sample", min=1, help="How many of the scope's done groups to re-score (default: all)."),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the sample: the same seed, the same groups.")] = 0,
+    labeler: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--labeler",
+            help="With --judge human: only this labeler's labels (repeat; default: all).",
+            show_default=False,
+        ),
+    ] = None,
     wait: Annotated[
         float | None,
         _wait_option("Wait up to S seconds for the report and print it (inf: until it is done)."),
@@ -138,12 +152,21 @@ def start(
     """Start an audit of a run, a batch or some groups; with --wait, print its report."""
     given = [flag for flag, value in (("--run", run), ("--batch", batch), ("--group", group)) if value]
     if len(given) != 1:
-        _fail(f"give exactly one of --run, --batch, --group (got {', '.join(given) or 'none'})")
-    with _service(url, api_key) as client:
+        fail(f"give exactly one of --run, --batch, --group (got {', '.join(given) or 'none'})")
+    with service(url, api_key) as client:
         started = client.start_audit(
-            judge, run=run, batch_id=batch, group_ids=group or None, sample_groups=sample, seed=seed
+            judge,
+            run=run,
+            batch_id=batch,
+            group_ids=group or None,
+            sample_groups=sample,
+            seed=seed,
+            labelers=labeler or None,
         )
         audit_id = started["audit_id"]
+        if wait is None and started["status"] == "done":  # against labels: done at once
+            _report(client, audit_id, None, as_json)
+            return
         if wait is None:
             if as_json:
                 _print_json(started)
@@ -167,7 +190,7 @@ def show(
     api_key: ApiKey = None,
 ) -> None:
     """Print an audit's report: agreement per kind, confusion matrices, effect, usage."""
-    with _service(url, api_key) as client:
+    with service(url, api_key) as client:
         _report(client, audit_id, wait, as_json)
 
 
@@ -179,7 +202,7 @@ def list_(
     api_key: ApiKey = None,
 ) -> None:
     """List this tenant's audits, newest first, with a done one's headline figures."""
-    with _service(url, api_key) as client:
+    with service(url, api_key) as client:
         audits = client.list_audits(run=run)
     if as_json:
         _print_json({"audits": audits})

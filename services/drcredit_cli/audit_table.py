@@ -27,6 +27,10 @@ def _num(value: float | None, digits: int = 4) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.3f}"
+
+
 def _table() -> Table:
     return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
 
@@ -51,6 +55,11 @@ def judge_text(audit: dict[str, Any]) -> str:
 def headline(audit: dict[str, Any]) -> str:
     """One line: which judge re-scored what, how many groups, with which seed."""
     sampled = len(audit.get("group_ids") or [])
+    if audit["judge"] == "human":
+        return (
+            f"audit {audit['audit_id']} {audit['status']}: the original judge against people's labels, "
+            f"{scope_text(audit)}, {sampled} labeled group{'s' if sampled != 1 else ''}"
+        )
     return (
         f"audit {audit['audit_id']} {audit['status']}: audit judge {judge_text(audit)}, {scope_text(audit)}, "
         f"{sampled} group{'s' if sampled != 1 else ''} sampled (seed {audit['seed']})"
@@ -60,22 +69,61 @@ def headline(audit: dict[str, Any]) -> str:
 def agreement_table(agreement: dict[str, Any]) -> Table:
     table = _table()
     table.add_column("kind")
-    for header in ("pairs", "left out", "exact", "kappa"):
+    for header in ("pairs", "left out", "exact", "kappa", "bias"):
         table.add_column(header, justify="right", no_wrap=True)
     for kind, label in KINDS:
         a = agreement.get(kind)
         if a is None:
             continue
-        table.add_row(label, f"{a['pairs']:,}", f"{a['left_out']:,}", _pct(a["exact"]), _num(a["kappa"], 3))
-        first = a.get("first_visit")
-        if first is not None:
+        rows = [(label, a)] + ([("  first visits", a["first_visit"])] if a.get("first_visit") is not None else [])
+        for name, f in rows:
             table.add_row(
-                "  first visits",
-                f"{first['pairs']:,}",
-                f"{first['left_out']:,}",
-                _pct(first["exact"]),
-                _num(first["kappa"], 3),
+                name,
+                f"{f['pairs']:,}",
+                f"{f['left_out']:,}",
+                _pct(f["exact"]),
+                _num(f["kappa"], 3),
+                _signed(f.get("bias")),
             )
+    return table
+
+
+def marginals_table(agreement: dict[str, Any], audit_side: str = "audit") -> Table | None:
+    """Each side's share of its pairs per value, per kind with pairs (None: no kind has)."""
+    table = _table()
+    table.add_column("kind")
+    table.add_column("side")
+    for value in range(5):
+        table.add_column(str(value), justify="right", no_wrap=True)
+    rows = 0
+    for kind, _ in KINDS:
+        marginals = (agreement.get(kind) or {}).get("marginals")
+        if not marginals:
+            continue
+        for side, name in (("original", "original"), ("audit", audit_side)):
+            shares = list(marginals[side])
+            table.add_row(
+                kind if side == "original" else "", name, *(_pct(x) for x in shares), *[""] * (5 - len(shares))
+            )
+            rows += 1
+    return table if rows else None
+
+
+def labelers_table(labelers: dict[str, Any]) -> Table:
+    """Each pair of labelers (the first by name as the original), per kind with pairs."""
+    table = _table()
+    for header in ("labelers", "kind"):
+        table.add_column(header, overflow="fold")
+    for header in ("pairs", "exact", "kappa", "bias"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for pair in labelers.get("pairs") or []:
+        names = f"{pair['original']} / {pair['audit']}"
+        for kind, label in KINDS:
+            f = pair["agreement"].get(kind) or {}
+            if not f.get("pairs"):
+                continue
+            table.add_row(names, label, f"{f['pairs']:,}", _pct(f["exact"]), _num(f["kappa"], 3), _signed(f["bias"]))
+            names = ""
     return table
 
 
@@ -124,19 +172,34 @@ def usage_text(usage: dict[str, Any]) -> str:
 def print_audit(doc: dict[str, Any], out: Console | None = None) -> None:
     """A done audit's report."""
     out = out or Console()
+    human = doc["judge"] == "human"
+    other = "people" if human else "the audit judge"
     out.print(headline(doc), highlight=False)
     out.print()
-    out.print("[bold]Agreement[/] (pairs: judgments both judges made; kappa: quadratic-weighted)", highlight=False)
+    out.print(
+        "[bold]Agreement[/] (pairs: "
+        + ("judgments people labeled" if human else "judgments both judges made")
+        + f"; kappa: quadratic-weighted; bias: mean of {other} minus the original)",
+        highlight=False,
+    )
     out.print(agreement_table(doc["agreement"]))
+    marginals = marginals_table(doc["agreement"], "people" if human else "audit")
+    if marginals is not None:
+        out.print()
+        out.print("[bold]Marginals[/] (each side's share of its pairs per value)", highlight=False)
+        out.print(marginals)
     matrices = confusion_tables(doc["agreement"])
     if matrices:
         out.print()
-        out.print("[bold]Confusion matrices[/] (rows: the original judge; columns: the audit judge)")
+        out.print(f"[bold]Confusion matrices[/] (rows: the original judge; columns: {other})", highlight=False)
     for title, table in matrices:
         out.print()
         out.print(title, highlight=False)
         out.print(table)
     out.print()
+    if human:
+        _print_people(doc, out)
+        return
     effect = doc["effect"]
     out.print(f"[bold]Effect on the advantages[/] over {effect['turns']:,} research turns", highlight=False)
     out.print(effect_table(effect))
@@ -147,6 +210,21 @@ def print_audit(doc: dict[str, Any], out: Console | None = None) -> None:
         highlight=False,
     )
     out.print(usage_text(doc["usage"]), highlight=False)
+
+
+def _print_people(doc: dict[str, Any], out: Console) -> None:
+    labelers = doc.get("labelers") or {}
+    counts = ", ".join(f"{name} {n:,}" for name, n in (labelers.get("labels") or {}).items())
+    out.print(f"labels by: {counts or 'nobody'}", highlight=False)
+    if labelers.get("pairs"):
+        out.print()
+        out.print("[bold]Labelers against each other[/] (on the keys both labeled)", highlight=False)
+        out.print(labelers_table(labelers))
+    out.print(
+        "no effect on the advantages: people's labels give no second set of advantages; "
+        f"{doc['usage'].get('labels', 0):,} labels, no judge call",
+        highlight=False,
+    )
 
 
 def print_audits(audits: list[dict[str, Any]], out: Console | None = None) -> None:

@@ -35,6 +35,7 @@ from drcredit.storage import models as m
 from drcredit.wiring.runtime import Runtime
 from drcredit_cli.audit import audit_app
 from drcredit_cli.flags import Command, Group
+from drcredit_cli.labels import labels_app
 from drcredit_cli.report import report as report_command
 from drcredit_cli.table import print_advantages
 from drcredit_cli.trial import trial as trial_command
@@ -54,6 +55,7 @@ app = typer.Typer(
 db_app = typer.Typer(help="Database schema management (Alembic migrations).", no_args_is_help=True, cls=Group)
 app.add_typer(db_app, name="db")
 app.add_typer(audit_app, name="audit")
+app.add_typer(labels_app, name="labels")
 
 err = Console(stderr=True)
 
