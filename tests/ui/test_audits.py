@@ -39,6 +39,29 @@ def value_of(cell: Locator) -> float | None:
     return None if raw is None else float(raw)
 
 
+def signed(x: float | None) -> str:
+    """A mean difference as the page writes it: its sign always, a true minus sign."""
+    if x is None:
+        return "–"
+    text = f"{abs(x):.3f}"
+    return ("−" if x < 0 and float(text) != 0 else "+") + text
+
+
+def check_marginals(article: Locator, kind: str, figures: dict[str, Any]) -> None:
+    """Each side's shares per value, one row per side, as the document's marginals."""
+    rows = article.locator(f'.audit-marginals tr[data-kind="{kind}"]')
+    if kind == "first_visit" or not figures["pairs"]:
+        expect(rows).to_have_count(0)
+        return
+    expect(rows).to_have_count(2)
+    for k, side in enumerate(("original", "audit")):
+        shares = figures["marginals"][side]
+        texts = rows.nth(k).locator("td").all_inner_texts()
+        assert texts[1 : 1 + len(shares)] == [pct(x) for x in shares], (kind, side)
+        values = [value_of(rows.nth(k).locator("td").nth(1 + j)) for j in range(len(shares))]
+        assert values == shares, (kind, side)
+
+
 def check_agreement(article: Locator, doc: dict[str, Any]) -> None:
     """The agreement table and the confusion matrices show the document's figures."""
     rows = {"first_visit": doc["agreement"]["visit"]["first_visit"], **doc["agreement"]}
@@ -50,8 +73,11 @@ def check_agreement(article: Locator, doc: dict[str, Any]) -> None:
             str(figures["left_out"]),
             pct(figures["exact"]),
             fixed(figures["kappa"]),
+            signed(figures["bias"]),
         ], kind
         assert value_of(cells.nth(2)) == figures["exact"] and value_of(cells.nth(3)) == figures["kappa"], kind
+        assert value_of(cells.nth(4)) == figures["bias"], kind
+        check_marginals(article, kind, figures)
         matrix = article.locator(f'.matrix[data-kind="{kind}"]')
         if not figures["pairs"]:
             expect(matrix).to_have_count(0)

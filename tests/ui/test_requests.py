@@ -10,7 +10,16 @@ from playwright.sync_api import Browser, ConsoleMessage, Response
 
 from tests.ui.helpers import K1, Service, ready
 
-PAGES = ["/ui", "/ui/groups/g1", "/ui/groups/judged", "/ui/groups/long", "/ui/runs/exp", "/ui/runs/solo"]
+PAGES = [
+    "/ui",
+    "/ui/groups/g1",
+    "/ui/groups/judged",
+    "/ui/groups/long",
+    "/ui/runs/exp",
+    "/ui/runs/solo",
+    "/ui/labels",
+    "/ui/labels?run=exp&kind=visit&labeler=page-check",
+]
 
 
 @pytest.mark.parametrize("path", PAGES)

@@ -12,9 +12,19 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 STATIC = Path(__file__).parent / "static"
-TITLES = {"index": "runs", "group": "group", "run": "run"}
+TITLES = {"index": "runs", "group": "group", "run": "run", "labels": "labeling"}
 #: The page scripts, in load order: the shared part first, each page's own after it.
-SCRIPTS = ("core.js", "glossary.js", "charts.js", "details.js", "group.js", "audits.js", "run.js", "index.js")
+SCRIPTS = (
+    "core.js",
+    "glossary.js",
+    "charts.js",
+    "details.js",
+    "group.js",
+    "audits.js",
+    "run.js",
+    "index.js",
+    "labels.js",
+)
 FAVICON = STATIC / "favicon.svg"
 
 

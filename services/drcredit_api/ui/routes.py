@@ -32,6 +32,12 @@ async def run_page(run: str) -> str:
     return render("run", {"run": run})
 
 
+@router.get("/labels", response_class=HTMLResponse)
+async def labels_page() -> str:
+    """The labeling page: its scope, kind and labeler come in the query string."""
+    return render("labels", {})
+
+
 @router.get("/static/plotly.min.js")
 async def plotly() -> FileResponse:
     return FileResponse(plotly_js(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})

@@ -30,6 +30,26 @@
     return doc;
   }
 
+  /* A write to the API (POST, DELETE) with the reader's key; the answer's JSON, or null
+     for an answer without a body. Errors name what the service refused. */
+  async function send(method, path, body) {
+    if (DATA) throw new Problem("A report is read-only.");
+    const headers = { Accept: "application/json" };
+    const key = storedKey();
+    if (key) headers.Authorization = "Bearer " + key;
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const r = await fetch(path, { method: method, headers: headers, body: body === undefined ? undefined : JSON.stringify(body) });
+    if (r.status === 401) throw new Problem("This service needs an API key: enter it above.");
+    let doc = null;
+    try { doc = await r.json(); } catch (e) { doc = null; }
+    if (!r.ok) {
+      const detail = doc && doc.detail && doc.detail[0];
+      throw new Problem(detail && detail.field ? detail.field + ": " + detail.message
+        : (doc && doc.message) || "HTTP " + r.status + " for " + path);
+    }
+    return doc;
+  }
+
   function showProblem(err) {
     const p = document.getElementById("problem");
     p.textContent = err instanceof Problem ? err.message : "Could not show this page: " + err;
@@ -97,7 +117,7 @@
 
   window.DrCredit = {
     DATA: DATA, base: body.dataset.base || "/ui", enc: encodeURIComponent, pages: {},
-    Problem: Problem, load: load, showProblem: showProblem, el: el, fmt: fmt, pct: pct, plural: plural,
+    Problem: Problem, load: load, send: send, showProblem: showProblem, el: el, fmt: fmt, pct: pct, plural: plural,
     count: count, usd: usd,
   };
   // Every script of the page has run by then, inline (report) or by URL (served).

@@ -107,6 +107,13 @@
     audit_outcome_rmse: ["outcome reward RMSE", "Root mean square difference of the outcome rewards under the two judges over the rollouts both could score; – unless the service judged the outcome (outcome_source judge)."],
     audit_judgments: ["judgments made", "Judgments the audit judge answered with a call of its own (an identical request in a group is asked once)."],
     audit_seconds: ["audit duration", "Seconds from the audit's start to its report."],
+    // ---------------------------------------------------------------- bias and people's labels
+    audit_bias: ["bias", "Mean over the pairs of (second value − original value), in the kind's own units (levels, matches, scores): above 0 the audit judge (or people) give more than the original judge, below 0 less. A judge that moves its values one way can keep a high kappa; the bias shows the move. – with no pair."],
+    audit_marginal: ["share of values", "The share of this side's paired values at this value: each side's own distribution. Two rows far apart at the same kappa mean one side inflates or deflates."],
+    audit_labels: ["labels", "Labels this person gave on the audited groups' keys (one per key: a second label of the same key replaced the first)."],
+    label_value: ["your label", "The value you gave this judgment, on the kind's own scale."],
+    label_judge: ["the judge's answer", "What the original judge answered at this key, shown only once your label is given."],
+    label_progress: ["labeled", "Labels given in this session, of the items drawn for it."],
   };
 
   function explanation(term) {
