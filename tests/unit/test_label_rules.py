@@ -11,7 +11,7 @@ import pytest
 
 from drcredit.audit.labels.compare import human_report, labeler_pairs, pair_with_labels
 from drcredit.audit.labels.keys import Original, item_id, originals, parse_item_id, parse_key
-from drcredit.audit.report import agreement_json
+from drcredit.audit.report import agreement_json, with_bias
 from drcredit.domain.agreement import agreement, bias, lower_median, marginals
 from drcredit.domain.errors import InvalidInput
 
@@ -151,3 +151,13 @@ def test_an_item_id_carries_its_group_and_key_and_a_bad_one_is_refused() -> None
     for bad in ("itm-", "itm-!!!", "nope", 7):
         with pytest.raises(InvalidInput, match="item_id: not an item id"):
             parse_item_id(bad)
+
+
+def test_a_report_stored_without_bias_gets_it_from_its_confusion_matrix() -> None:
+    # Pairs behind [[1, 1], [0, 2]]: (0, 0), (0, 1), (1, 1), (1, 1): bias 1/4;
+    # original (2/4, 2/4), audit (1/4, 3/4).
+    old = {"snippet": {"pairs": 4, "left_out": 0, "exact": 0.75, "kappa": 0.5, "confusion": [[1, 1], [0, 2]]}}
+    got = with_bias(old)["snippet"]
+    assert got["bias"] == pytest.approx(1 / 4)
+    assert got["marginals"] == {"original": pytest.approx([0.5, 0.5]), "audit": pytest.approx([0.25, 0.75])}
+    assert with_bias({"citation": {"confusion": [[0] * 3] * 3}})["citation"]["bias"] is None

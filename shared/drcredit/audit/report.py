@@ -97,6 +97,23 @@ def effect_json(e: Effect) -> dict[str, Any]:
     return asdict(e)
 
 
+def with_bias(agreement_doc: Mapping[str, Any]) -> dict[str, Any]:
+    """An agreement document with ``bias`` and ``marginals`` for every kind: a report
+    stored before they existed gets them from its confusion matrices (they hold every pair)."""
+    out: dict[str, Any] = {}
+    for kind, figures in agreement_doc.items():
+        figures = dict(figures)
+        if "bias" not in figures:
+            matrix = figures["confusion"]
+            pairs = [(i, j) for i, row in enumerate(matrix) for j, n in enumerate(row) for _ in range(n)]
+            got = agreement_json(agreement(pairs, len(matrix) - 1))
+            figures.update(bias=got["bias"], marginals=got["marginals"])
+        if isinstance(figures.get("first_visit"), Mapping):
+            figures["first_visit"] = with_bias({"first_visit": figures["first_visit"]})["first_visit"]
+        out[kind] = figures
+    return out
+
+
 @dataclass(frozen=True)
 class Compared:
     """One audited group: both sides, its positive rubrics, whether the service judged its

@@ -28,7 +28,7 @@ from drcredit.audit.judges import AuditJudges
 from drcredit.audit.labels.compare import human_report
 from drcredit.audit.labels.queue import scoped_groups
 from drcredit.audit.labels.store import group_originals, labels_of
-from drcredit.audit.report import Compared, Side, build_report
+from drcredit.audit.report import Compared, Side, build_report, with_bias
 from drcredit.audit.rescore import Rescored, rescore
 from drcredit.audit.sampling import groups_in_scope, sample
 from drcredit.audit.schemas import HUMAN, AuditRequest
@@ -144,7 +144,11 @@ def document(row: m.Audit) -> dict[str, Any]:
     if row.status != "done":
         message = f"audit {row.audit_id!r} is {row.status}" + (f": {row.error}" if row.error else "")
         raise NotReady(row.status, message)
-    return {**summary(row), **(row.report or {})}
+    report = dict(row.report or {})
+    if "agreement" in report:
+        report["agreement"] = with_bias(report["agreement"])
+    # An audit against people has its labelers; a judge audit none.
+    return {**summary(row), "labelers": None, **report}
 
 
 def summary(row: m.Audit) -> dict[str, Any]:
@@ -175,7 +179,7 @@ def listing(s: Session, tenant: str, run: str | None = None) -> list[dict[str, A
             continue
         entry = summary(row)
         if row.status == "done" and row.report:
-            entry["agreement"] = row.report.get("agreement")
+            entry["agreement"] = with_bias(row.report.get("agreement") or {})
             effect = row.report.get("effect")
             entry["effect"] = None if effect is None else {k: v for k, v in effect.items() if k != "groups"}
             entry["usage"] = row.report.get("usage")
