@@ -33,7 +33,9 @@ def upgrade() -> None:
         sa.Column("value", sa.Integer(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-        sa.ForeignKeyConstraint(["group_pk"], ["groups.id"], name=op.f("fk_labels_group_pk_groups"), ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["group_pk"], ["groups.id"], name=op.f("fk_labels_group_pk_groups"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_labels")),
         sa.UniqueConstraint(
             "tenant", "group_pk", "kind", "rollout_id", "turn_index", "key_id", "labeler", name="uq_labels_item_labeler"
