@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page, expect
 from tests.support.builders import answer, group_doc, page, rollout, rubric, visit
 from tests.ui.helpers import K1, Service, api, ready, shot
 from tests.ui.test_audits import check_agreement, signed
+from tests.ui.test_explanations import assert_all_explained
 
 #: Six groups of three rollouts, each visit judged on two rubrics: 36 visit judgments.
 GROUPS = 6
@@ -127,6 +128,7 @@ def test_twenty_labels_in_a_row_by_keyboard_blind_with_skip_and_undo(service: Se
             given[now["item_id"]] = value
             if k == 0:
                 shot(p, "labels-revealed")
+                assert_all_explained(p, "labeling, a label given")
             p.keyboard.press("n")
             settled(p)
         assert {x["item_id"]: x["value"] for x in api(service, "/v1/labels?labeler=ann")["labels"]} == given
@@ -163,6 +165,7 @@ def test_twenty_labels_in_a_row_by_keyboard_blind_with_skip_and_undo(service: Se
         settled(p)
         assert showing(p)["item_id"] == moved_to
         expect(p.locator("#progress")).to_contain_text("skipped 1")
+        assert_all_explained(p, "labeling, an item skipped")
         assert len(api(service, "/v1/labels?labeler=ann")["labels"]) == 20
         # A digit outside the kind's scale is refused by the page.
         p.keyboard.press("7")
@@ -214,6 +217,7 @@ def test_twenty_labels_in_a_row_by_keyboard_blind_with_skip_and_undo(service: Se
                 signed(figures["bias"]),
             ]
         expect(article.locator(".audit-no-effect")).to_be_visible()
+        assert_all_explained(q, "run page, an audit against people")
         expect(article.locator(".audit-effect")).to_have_count(0)
         shot(q, "labels-audit")
     finally:

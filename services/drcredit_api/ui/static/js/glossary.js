@@ -114,6 +114,8 @@
     label_value: ["your label", "The value you gave this judgment, on the kind's own scale."],
     label_judge: ["the judge's answer", "What the original judge answered at this key, shown only once your label is given."],
     label_progress: ["labeled", "Labels given in this session, of the items drawn for it."],
+    label_position: ["item", "Where you are in this session's queue: the item shown, of the items drawn so far (more are drawn past the last)."],
+    label_skipped: ["skipped", "Items passed over with s in this session, without a label."],
   };
 
   function explanation(term) {

@@ -42,7 +42,7 @@
   function text(value, tag) { return el(tag || "div", { class: "text", "data-text": "", text: value || "" }); }
 
   function rubricPart(r) {
-    const out = [el("h3", { text: "Rubric " + r.id + (r.type ? " (" + r.type + ")" : "") }), text(r.description, "p")];
+    const out = [el("h3", {}, ["Rubric ", D.verbatim(r.id), r.type ? " (" + r.type + ")" : ""]), text(r.description, "p")];
     if (r.reference_facts && r.reference_facts.length) {
       out.push(el("h3", { text: "Reference facts" }), el("ul", {}, r.reference_facts.map((f) => el("li", { "data-text": "", text: f }))));
     }
@@ -68,7 +68,7 @@
       }
     } else if (kind === "snippet") {
       out.push(el("h3", { text: "Unopened results" }),
-        el("ol", {}, s.snippets.map((r) => el("li", {}, [el("strong", { text: r.id + ": " }), D.verbatim(r.snippet)]))));
+        el("ol", {}, s.snippets.map((r) => el("li", {}, [el("strong", { "data-text": "", text: r.id + ": " }), D.verbatim(r.snippet)]))));
     } else if (kind === "report_rubric") {
       out.push(el("h3", { text: "The report" }), text(s.report));
     } else if (kind === "citation") {
@@ -84,9 +84,10 @@
     const p = document.getElementById("progress");
     const item = current();
     p.replaceChildren(D.num("label_progress", "Labeled " + state.labeled.size), " · ",
-      item ? "item " + (state.at + 1) + " of " + state.items.length : "no item left", " · labeler ",
+      item ? D.num("label_position", "item " + (state.at + 1) + " of " + state.items.length) : "no item left",
+      " · labeler ",
       el("strong", { "data-text": "", text: state.params.labeler }),
-      state.skipped ? " · skipped " + state.skipped : "");
+      ...(state.skipped ? [" · ", D.num("label_skipped", "skipped " + state.skipped)] : []));
   }
 
   /* The judge's answer, once the label is given. */
@@ -125,14 +126,16 @@
     }
     const scale = SCALES[item.kind];
     const given = state.labeled.get(item.item_id);
-    document.getElementById("digits-key").textContent = "0–" + (scale.length - 1);
+    const digits = document.getElementById("digits-key");
+    digits.textContent = "0–" + (scale.length - 1);
+    digits.setAttribute("title", "The keys 0 to " + (scale.length - 1) + ": the value of your label, as on the buttons below.");
     document.getElementById("item-title").replaceChildren(NAMES[item.kind] + " · ", D.verbatim(where(item)));
     const article = document.getElementById("item");
     article.setAttribute("data-item", item.item_id);
     article.setAttribute("data-kind", item.kind);
     article.setAttribute("data-labeled", given ? "true" : "false");
     document.getElementById("scale").replaceChildren(...scale.map((meaning, value) => {
-      const b = el("button", { type: "button", "data-value": String(value),
+      const b = el("button", { type: "button", "data-value": String(value), title: "Label " + value + ": " + meaning,
         "aria-pressed": given && given.value === value ? "true" : "false" }, [el("kbd", { text: String(value) }), " " + meaning]);
       b.addEventListener("click", () => enqueue(() => label(value)));
       return b;
@@ -233,7 +236,7 @@
   }
 
   async function labelsPage() {
-    D.glossary(["label_progress", "label_value", "label_judge"]);
+    D.glossary(["label_progress", "label_position", "label_skipped", "label_value", "label_judge"]);
     const p = readParams();
     const scopes = ["run", "batch_id", "group_ids"].filter((name) => p[name]);
     if (!p.labeler || scopes.length !== 1) {
