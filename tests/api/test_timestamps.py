@@ -66,6 +66,9 @@ def test_every_time_the_api_returns_is_utc_with_its_offset(client: TestClient, m
     got(client, "/v1/batches/b1/advantages", wait=60)
     audit = audited(client, {"judge": "same", "scope": {"run": "exp"}})
     assert audit["status"] == "done", audit
+    item = got(client, "/v1/labels/queue", run="exp", labeler="ann", n=1)["items"][0]
+    label = client.post("/v1/labels", json={"item_id": item["item_id"], "value": 1, "labeler": "ann"})
+    assert label.status_code == 201, label.text
 
     # A group whose judge is down waits for it, and says since when.
     marker_judge.down()
@@ -92,6 +95,8 @@ def test_every_time_the_api_returns_is_utc_with_its_offset(client: TestClient, m
         "run": got(client, "/v1/runs/exp"),
         "audits": got(client, "/v1/audits"),
         "audit": got(client, f"/v1/audits/{audit['audit_id']}"),
+        "label given": label.json(),
+        "labels": got(client, "/v1/labels"),
         "readyz while the judge was down": ready_while_down,
         "readyz": client.get("/readyz").json(),
     }
@@ -112,6 +117,7 @@ def test_every_time_the_api_returns_is_utc_with_its_offset(client: TestClient, m
     assert {"created_at", "started_at", "finished_at"} <= fields["batch"]
     assert {"first_at", "last_at"} <= fields["runs"]
     assert {"created_at", "started_at", "finished_at"} <= fields["audits"] & fields["audit"]
+    assert {"created_at", "updated_at"} <= fields["labels"] & fields["label given"]
     assert "since" in fields["readyz while the judge was down"]
 
 
