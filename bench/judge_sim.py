@@ -5,7 +5,10 @@ snippets carry fact tags like ``{F12}`` written by the workload generator, and w
 fact supports a rubric, and how strongly, is a hash of (fact, rubric). A fact already
 in the prior support earns nothing, so the simulated judge is history-aware like the
 real one. Latency is fixed or lognormal, concurrency can be capped, a share of requests
-can fail with 500; requests and tokens are counted and served at ``/stats``.
+can fail with 500; requests and tokens are counted and served at ``/stats``. ``POST
+/garbage?seconds=S`` makes it answer garbage for S seconds (for :mod:`bench.faults`): a
+chat completion whose content is not JSON, JSON that is no judgment, or a body that is
+no chat completion at all, in turn.
 
 The judges users run are simulated too (``bench.run --judge``): a small server with a
 short listen queue and no keep-alive (``--backlog 5 --no-keepalive``), a hosted API
@@ -25,6 +28,7 @@ import random
 import re
 import time
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 import uvicorn
@@ -155,8 +159,11 @@ class Simulator:
             "in_flight": 0,
             "peak_in_flight": 0,
             "rate_limited": 0,
+            "garbage": 0,
             "started": time.time(),
         }
+        #: Until when (monotonic clock) every answer is garbage.
+        self.garbage_until = 0.0
 
     def delay(self) -> float:
         if self.latency <= 0:
@@ -182,6 +189,9 @@ class Simulator:
         if self.error_rate and self.rng.random() < self.error_rate:
             self.stats["errors"] += 1
             return 500, orjson.dumps({"error": {"message": "simulated failure"}}), quota
+        if time.monotonic() < self.garbage_until:
+            self.stats["garbage"] += 1
+            return 200, self.garbage(body), quota
         if self.slots is not None:
             await self.slots.acquire()
         self.stats["in_flight"] += 1
@@ -220,6 +230,23 @@ class Simulator:
             quota,
         )
 
+    def garbage(self, body: dict[str, Any]) -> bytes:
+        """An answer no judgment can be read from; the three shapes in turn."""
+        shape = self.stats["garbage"] % 3
+        if shape == 0:
+            return b"<html><body>502 upstream hiccup</body></html>"
+        content = "I am not sure; the page seems relevant." if shape == 1 else '{"verdict": "maybe", "level": "high"}'
+        return orjson.dumps(
+            {
+                "id": f"sim-garbage-{self.stats['garbage']}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "sim"),
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
+            }
+        )
+
     def reset(self) -> None:
         for key in (
             "requests",
@@ -232,6 +259,7 @@ class Simulator:
             "completion_tokens",
             "peak_in_flight",
             "rate_limited",
+            "garbage",
         ):
             self.stats[key] = 0
 
@@ -257,6 +285,10 @@ def app(sim: Simulator, keepalive: bool = True) -> Any:
             status, payload, extra = await sim.completion(b"".join(chunks))
         elif path == "/stats":
             status, payload = 200, orjson.dumps(sim.stats)
+        elif path == "/garbage" and method == "POST":
+            seconds = float(parse_qs(scope["query_string"].decode()).get("seconds", ["0"])[0])
+            sim.garbage_until = time.monotonic() + seconds
+            status, payload = 200, orjson.dumps({"garbage_for_s": seconds})
         elif path == "/reset" and method == "POST":
             sim.reset()
             status, payload = 200, orjson.dumps(sim.stats)

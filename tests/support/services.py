@@ -26,9 +26,13 @@ from tests.support.live import free_port
 
 
 class PrivateRedis:
-    def __init__(self, workdir: Path):
+    """``appendonly``: keep the queues across a restart in an append-only file, as the
+    compose stack's Redis does (written every second: a crash loses the last second)."""
+
+    def __init__(self, workdir: Path, *, appendonly: bool = False):
         self.port = free_port()
         self.workdir = workdir
+        self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -46,7 +50,7 @@ class PrivateRedis:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.appendonly else "no",
                 "--dir",
                 str(self.workdir),
             ],
