@@ -8,6 +8,7 @@ Servers are started here (in threads, or as processes a test kills); the judge i
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from collections import Counter
@@ -301,3 +302,18 @@ def test_a_429_is_an_answer_not_a_failure_of_the_endpoint() -> None:
     assert [a.outcome for a in result.attempts] == ["rate_limited", "rate_limited", "rate_limited", "ok"]
     assert judge.fleet.endpoints[0].health.up and judge.breaker.state().up
     assert call_key(server.calls[0]) == call_key(server.calls[-1])
+
+
+def test_a_replica_answering_garbage_fails_no_judgment_while_another_answers() -> None:
+    """A replica that answers fast but with nothing a judgment can be read from (a page
+    of HTML, prose, JSON that is no verdict): each judgment it rejects is retried on
+    the other replica, so no judgment fails and none asks the bad one twice."""
+    shapes = itertools.cycle([Reply(content="<html>502</html>"), Reply(content="not sure"), Reply.json({"level": "high"})])
+    with running_judge(lambda call: next(shapes)) as bad, running_judge(delayed(0.2)) as good:
+        results = judged(judge_of(f"{bad.url},{good.url}", attempts=4), 60)
+        # Each judgment's request names its own prior support point.
+        bad_calls = [c.document["support_already_credited"][0] for c in bad.calls]
+    assert [r.status for r in results] == ["ok"] * 60, [r.failure_reason for r in results if r.status != "ok"]
+    assert all(r.attempts[-1].endpoint == good.url for r in results)
+    assert bad_calls, "the garbage replica took none of the calls"
+    assert all(n == 1 for n in Counter(bad_calls).values())

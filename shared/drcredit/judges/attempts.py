@@ -11,7 +11,10 @@ can change the outcome: the rejected answer and the reason go back to the judge,
 answer cut off at ``max_tokens`` gets twice the room (as far as the context allows, and
 never less than the judge's setting: a first answer cut short where the prompt's size was
 only estimated gets the room known once the server has counted it), and the temperature
-rises a little.
+rises a little. It also goes elsewhere: an endpoint whose answer was rejected is avoided
+by the judgment's next attempts while another endpoint is in the rotation (a replica
+answering garbage would otherwise, answering fastest, take every retry and fail the
+judgment while a healthy one waits).
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class AttemptPlan:
     probe: bool = False
     #: Exchanges of this attempt that did not end it (failovers, 429s), in order.
     tries: list[Attempt] = field(default_factory=list)
+    #: Endpoints whose answers this judgment rejected: not asked again while another
+    #: endpoint can take the call.
+    avoid: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -75,15 +81,18 @@ class Rejected:
     max_tokens: int | None = None
 
 
-def next_plan(temperature: float, rejected: Rejected | None, *, probe: bool = False) -> AttemptPlan:
+def next_plan(
+    temperature: float, rejected: Rejected | None, *, probe: bool = False, avoid: frozenset[str] = frozenset()
+) -> AttemptPlan:
     """The plan of an attempt: the first as configured; after a rejected answer, one
-    that can come out differently."""
+    that can come out differently (``avoid``: the endpoints that gave rejected answers)."""
     if rejected is None:
-        return AttemptPlan(temperature, probe=probe)
+        return AttemptPlan(temperature, probe=probe, avoid=avoid)
     room = 2 * rejected.max_tokens if rejected.needs_room and rejected.max_tokens else None
     return AttemptPlan(
         max(temperature, RETRY_TEMPERATURE),
         max_tokens=room,
         feedback=(rejected.text, rejected.reason),
         probe=probe,
+        avoid=avoid,
     )

@@ -200,12 +200,14 @@ class Judge(ABC):
         attempts = 1 if probe else self.retry.max_attempts
         first = len(result.attempts)
         rejected: Rejected | None = None
+        #: Endpoints that gave this judgment an answer it rejected (its retries go elsewhere).
+        rejected_by: frozenset[str] = frozenset()
 
         async def one_attempt() -> tuple[Any, V]:
-            nonlocal rejected
+            nonlocal rejected, rejected_by
             if not probe and self.breaker.is_open:
                 raise _JudgeDown()  # another judgment found the judge gone: wait, do not spend
-            plan = next_plan(self.temperature, rejected, probe=probe)
+            plan = next_plan(self.temperature, rejected, probe=probe, avoid=rejected_by)
             started = time.perf_counter()
             try:
                 completion = await self.acomplete(prompt, plan)
@@ -222,6 +224,8 @@ class Judge(ABC):
                 self._record(result, plan, tried)
                 if exc.outcome not in UNREACHABLE_OUTCOMES:
                     self.breaker.reachable()
+                if exc.outcome == "invalid" and exc.endpoint is not None:
+                    rejected_by |= {exc.endpoint}
                 raise
             except FatalJudgeError as exc:
                 self._record(result, plan, Attempt(0, exc.outcome, time.perf_counter() - started, error=str(exc)))
@@ -252,6 +256,8 @@ class Judge(ABC):
                 attempt.outcome, attempt.error = "invalid", str(exc)
                 if rejected is None or rejected.reason != str(exc):
                     rejected = Rejected(completion.text, str(exc))
+                if completion.endpoint is not None:
+                    rejected_by |= {completion.endpoint}
                 raise RetryableError("invalid", str(exc)) from exc
             return answer, verdict
 

@@ -158,8 +158,12 @@ class OpenAIJudge(Judge):
         if not self.facts.complete:
             await self.facts.ask_all()
         while True:
+            # Endpoints that gave this judgment a rejected answer only when nothing else can.
+            avoid = plan.avoid - failed
+            if avoid and not self.fleet.takes_calls(exclude=failed | avoid):
+                avoid = frozenset()
             try:
-                lease = await self.fleet.acquire(exclude=failed, force_probe=plan.probe)
+                lease = await self.fleet.acquire(exclude=failed | avoid, force_probe=plan.probe)
             except AllEndpointsDown as exc:
                 last = plan.tries.pop() if plan.tries and plan.tries[-1].outcome != "rate_limited" else None
                 if last is not None and last.error is not None:

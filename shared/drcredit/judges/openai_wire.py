@@ -208,7 +208,7 @@ def completion_of(raw: bytes, endpoint: str, max_tokens: int, context: int | Non
             context_bound=context_bound,
         )
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise RetryableError("invalid", f"unreadable chat completion: {raw[:200]!r}") from exc
+        raise RetryableError("invalid", f"unreadable chat completion: {raw[:200]!r}", endpoint=endpoint) from exc
 
 
 def json_or_none(raw: bytes) -> Any:

@@ -123,6 +123,10 @@ class Fleet(Learning, Sharing):
         finally:
             self._waiting -= 1
 
+    def takes_calls(self, *, exclude: frozenset[str] = frozenset()) -> bool:
+        """Whether an endpoint outside ``exclude`` is in the rotation."""
+        return self._candidates_alive(exclude, False)
+
     def _candidates_alive(self, exclude: frozenset[str], force_probe: bool) -> bool:
         return any(e.url not in exclude and (e.health.up or force_probe) for e in self.endpoints)
 
