@@ -11,20 +11,23 @@ Kubernetes Deployment); a process a fault holds down stays down until the fault 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from tests.support.services import PrivatePostgres, PrivateRedis
 
 from bench.platform import ROOT, free_port, plain_env, wait_http
 from drcredit.broker.queues import WORKER_SERVICES
 from drcredit.storage.migrate import upgrade
-from tests.support.services import PrivatePostgres, PrivateRedis
 
 #: Celery threads and judge calls in flight of each worker (the auditor's are its own).
 WORKER_CONCURRENCY = 8
@@ -45,8 +48,11 @@ class Supervised:
     #: Times it exited on its own and was started again.
     restarts: int = 0
     starts: int = 0
+    #: Where the log of the latest start begins.
+    _log_from: int = 0
 
     def start(self) -> None:
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as sink:
             sink.write(f"\n===== start {self.starts + 1} at {time.strftime('%H:%M:%S')} =====\n".encode())
             sink.flush()
@@ -75,7 +81,7 @@ class Supervised:
             wait_http(self.ready_url, timeout)
             return
         deadline = time.monotonic() + timeout
-        while b" ready." not in self.log.read_bytes():
+        while b" ready." not in self.log.read_bytes()[self._log_from :]:
             if not self.alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} did not start:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.1)
@@ -95,6 +101,9 @@ class FaultStack:
     api: Supervised | None = None
     workers: list[Supervised] = field(default_factory=list)
     api_url: str = ""
+    #: What killed judge replicas had counted (``/stats``) before they were killed.
+    judge_counts_before: Counter[str] = field(default_factory=Counter)
+    _pg_dir: Path | None = None
     _stopping: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -107,8 +116,10 @@ class FaultStack:
         return [j.ready_url.rsplit("/", 1)[0] for j in self.judges if j.ready_url]
 
     def up(self) -> None:
-        pg_dir, redis_dir = self.workdir / "postgres", self.workdir / "redis"
-        pg_dir.mkdir()
+        # The cluster runs as the postgres user: in a directory of its own under /tmp,
+        # which that user can reach (a workdir under a private directory may not be).
+        pg_dir = self._pg_dir = Path(tempfile.mkdtemp(prefix="drcredit-faults-pg-"))
+        redis_dir = self.workdir / "redis"
         redis_dir.mkdir()
         self.postgres = PrivatePostgres(pg_dir)
         self.postgres.init()
@@ -123,7 +134,13 @@ class FaultStack:
             argv = [sys.executable, "-m", "bench.judge_sim", "--port", str(port), "--latency", str(self.latency)]
             argv += ["--lognormal-sigma", str(self.sigma), "--seed", str(k)]
             self.judges.append(
-                Supervised(f"judge-{k}", argv, dict(os.environ), self.workdir / f"judge-{k}.log", f"http://127.0.0.1:{port}/stats")
+                Supervised(
+                    f"judge-{k}",
+                    argv,
+                    dict(os.environ),
+                    self.workdir / f"judge-{k}.log",
+                    f"http://127.0.0.1:{port}/stats",
+                )
             )
         env = plain_env(self.judge_urls[0], self.postgres.url, self.redis.url)
         env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{u}/v1" for u in self.judge_urls)
@@ -131,7 +148,9 @@ class FaultStack:
         port = free_port()
         cli = [sys.executable, "-m", "drcredit_cli.main"]
         self.api_url = f"http://127.0.0.1:{port}"
-        self.api = Supervised("api", [*cli, "serve", "--port", str(port)], env, self.workdir / "api.log", f"{self.api_url}/healthz")
+        self.api = Supervised(
+            "api", [*cli, "serve", "--port", str(port)], env, self.workdir / "api.log", f"{self.api_url}/healthz"
+        )
         for service in WORKER_SERVICES:
             argv = [*cli, "worker", "--queues", str(service.queue)]
             if service.queue != "auditor":
@@ -154,6 +173,9 @@ class FaultStack:
 
     def hold(self, process: Supervised) -> None:
         """Kill ``process`` (SIGKILL) and keep it down until :meth:`release`."""
+        if process in self.judges:
+            stats = self.judge_stats()[self.judges.index(process)]
+            self.judge_counts_before.update({k: stats.get(k, 0) for k in ("requests", "garbage")})
         with self._lock:
             process.held = True
             process.kill()
@@ -162,6 +184,14 @@ class FaultStack:
         with self._lock:
             process.held = False
             process.start()
+
+    def judge_counts(self) -> Counter[str]:
+        """Requests and garbage answers of every replica over the campaign (a killed
+        replica's up to its last ``/stats`` read before the kill)."""
+        total = Counter(self.judge_counts_before)
+        for stats in self.judge_stats():
+            total.update({k: stats.get(k, 0) for k in ("requests", "garbage")})
+        return total
 
     def judge_stats(self) -> list[dict[str, int]]:
         out = []
@@ -173,12 +203,19 @@ class FaultStack:
         return out
 
     def down(self) -> None:
+        """Stop whatever :meth:`up` started (also when it did not finish)."""
         self._stopping.set()
         with self._lock:
             for process in reversed(self.processes):
                 process.stop()
-        self.redis.stop()
-        self.postgres.stop("immediate")
+        if hasattr(self, "redis"):
+            self.redis.stop()
+        if hasattr(self, "postgres"):
+            self.postgres.stop("immediate")
+            if self.postgres.logfile.exists():
+                shutil.copy(self.postgres.logfile, self.workdir / "postgres.log")
+        if self._pg_dir is not None:
+            shutil.rmtree(self._pg_dir, ignore_errors=True)
 
     def self_restarts(self) -> dict[str, int]:
         """Processes that exited on their own (not killed by a fault) and were started again."""

@@ -242,7 +242,9 @@ class Simulator:
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body.get("model", "sim"),
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                ],
                 "usage": {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20},
             }
         )

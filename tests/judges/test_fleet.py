@@ -308,7 +308,9 @@ def test_a_replica_answering_garbage_fails_no_judgment_while_another_answers() -
     """A replica that answers fast but with nothing a judgment can be read from (a page
     of HTML, prose, JSON that is no verdict): each judgment it rejects is retried on
     the other replica, so no judgment fails and none asks the bad one twice."""
-    shapes = itertools.cycle([Reply(content="<html>502</html>"), Reply(content="not sure"), Reply.json({"level": "high"})])
+    shapes = itertools.cycle(
+        [Reply(content="<html>502</html>"), Reply(content="not sure"), Reply.json({"level": "high"})]
+    )
     with running_judge(lambda call: next(shapes)) as bad, running_judge(delayed(0.2)) as good:
         results = judged(judge_of(f"{bad.url},{good.url}", attempts=4), 60)
         # Each judgment's request names its own prior support point.
