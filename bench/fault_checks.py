@@ -126,7 +126,7 @@ def query(conninfo: str, sql: str, params: tuple[Any, ...] = (), patience_s: flo
     while True:
         try:
             with psycopg.connect(conninfo, connect_timeout=3) as conn:
-                return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+                return conn.execute(sql, params).fetchall()
         except psycopg.OperationalError:
             if time.monotonic() > deadline:
                 raise
