@@ -17,14 +17,15 @@ from bench.fault_kinds import KINDS
 pytestmark = pytest.mark.infra
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Past this the campaign is stopped (and fails): it takes about two minutes on two idle cores.
+#: Past this the campaign is stopped (and fails). It took 3 to 3.5 min on two cores shared with seven
+#: other engineers' work (load 13 to 19), most of it starting the stack.
 TIMEOUT_S = 420
 
 
 def test_a_short_seeded_campaign_with_two_faults_of_each_kind_holds_every_check(tmp_path: Path) -> None:
     summary = tmp_path / "summary.json"
     argv = [sys.executable, "-m", "bench.faults", "--seed", "7", "--steps", "2", "--faults-per-kind", "2"]
-    argv += ["--gap", "2", "--down-min", "0.5", "--down-max", "2.5", "--groups", "3", "--rollouts", "4"]
+    argv += ["--gap", "1", "--down-min", "0.5", "--down-max", "2.5", "--groups", "2", "--rollouts", "4"]
     argv += ["--json", str(summary), "--workdir", str(tmp_path / "logs")]
     log = tmp_path / "campaign.out"
     with log.open("w") as out:
