@@ -8,6 +8,7 @@ per round, in a seeded order) at seeded exponential gaps, one fault at a time.
 from __future__ import annotations
 
 import random
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -71,12 +72,18 @@ class Injector:
         return fault
 
     def redis(self) -> Fault:
-        """Redis killed (SIGKILL) and started again from its append-only file."""
+        """Redis killed (SIGKILL) and started again: from its append-only file, or (one time
+        in two) without it, as a server that lost its disk (every queued message gone)."""
         down = self.downtime()
-        fault = Fault("redis", f"redis :{self.stack.redis.port}", self.clock(), detail=f"SIGKILL, down {down} s")
-        self.stack.redis.stop()
+        keep = self.rng.random() < 0.5
+        server = self.stack.redis
+        detail = f"SIGKILL, down {down} s, {'data kept' if keep else 'data lost'}"
+        fault = Fault("redis", f"redis :{server.port}", self.clock(), detail=detail)
+        server.stop()
+        if not keep:
+            shutil.rmtree(server.workdir / "appendonlydir", ignore_errors=True)
         time.sleep(down)
-        self.stack.redis.start()
+        server.start()
         fault.ended = self.clock()
         return fault
 

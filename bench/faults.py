@@ -8,7 +8,7 @@ worker per service, restarted when they exit as a restart policy would. Steps (s
 batches of :mod:`bench.workload` groups) are posted one after another through the SDK,
 as a trainer posts them, while faults arrive at seeded random times, one at a time
 (:mod:`bench.fault_kinds`): a worker killed with SIGKILL and restarted, a judge replica
-killed and restarted, Redis killed and restarted, Postgres stopped (a crash or a fast
+killed and restarted, Redis killed and restarted (with its data or without), Postgres stopped (a crash or a fast
 shutdown) and restarted, a judge replica answering garbage for a while.
 
 It checks, and exits 1 when any check fails:
