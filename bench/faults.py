@@ -152,8 +152,11 @@ class Campaign:
                 step.lost = self.clock() - max(step.posted, last) > STEP_BOUND_S + GIVE_UP_S
         step.done = self.clock()
         step.last_fault_end = schedule.last_end_before(step.done)
+        current = schedule.current
         step.faults_during = [
-            f"{f.kind}@{f.started:.0f}s" for f in schedule.faults if f.ended > step.posted and f.started < step.done
+            f"{f.kind}@{f.started:.0f}s"
+            for f in [*schedule.faults, *([current] if current is not None else [])]
+            if (f.ended > step.posted or f is current) and f.started < step.done
         ]
         if doc is None:
             self.record(step)
@@ -183,7 +186,11 @@ class Campaign:
         self.record(step)
 
     def record(self, step: StepResult) -> None:
-        since = "" if step.last_fault_end is None else f", {step.since_last_fault_s:5.1f} s after its last fault"
+        since = ""
+        if step.last_fault_end == float("inf"):
+            since = ", during a fault"
+        elif step.last_fault_end is not None:
+            since = f", {step.since_last_fault_s:5.1f} s after its post or last fault"
         with self.lock:
             self.violations += step_violations(step)
             print(
