@@ -26,7 +26,7 @@ import httpx
 from tests.support.services import PrivatePostgres, PrivateRedis
 
 from bench.platform import ROOT, free_port, plain_env, wait_http
-from drcredit.broker.queues import WORKER_SERVICES
+from drcredit.broker.queues import AUDITOR, WORKER_SERVICES
 from drcredit.storage.migrate import upgrade
 
 #: Celery threads and judge calls in flight of each worker (the auditor's are its own).
@@ -153,7 +153,7 @@ class FaultStack:
         )
         for service in WORKER_SERVICES:
             argv = [*cli, "worker", "--queues", str(service.queue)]
-            if service.queue != "auditor":
+            if service.queue != AUDITOR:
                 argv += ["--concurrency", str(WORKER_CONCURRENCY)]
             log = self.workdir / f"worker-{service.queue}.log"
             self.workers.append(Supervised(f"worker {service.queue}", argv, {**env, "DRCREDIT_LOG_LEVEL": "INFO"}, log))
