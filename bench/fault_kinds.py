@@ -42,6 +42,7 @@ class Injector:
     rng: random.Random
     down_s: tuple[float, float]
     clock: Callable[[], float]
+    redis_restarts: int = 0
 
     def downtime(self) -> float:
         return round(self.rng.uniform(*self.down_s), 2)
@@ -72,10 +73,11 @@ class Injector:
         return fault
 
     def redis(self) -> Fault:
-        """Redis killed (SIGKILL) and started again: from its append-only file, or (one time
-        in two) without it, as a server that lost its disk (every queued message gone)."""
+        """Redis killed (SIGKILL) and started again: from its append-only file, or (every
+        other time) without it, as a server that lost its disk (every queued message gone)."""
         down = self.downtime()
-        keep = self.rng.random() < 0.5
+        self.redis_restarts += 1
+        keep = self.redis_restarts % 2 == 1
         server = self.stack.redis
         detail = f"SIGKILL, down {down} s, {'data kept' if keep else 'data lost'}"
         fault = Fault("redis", f"redis :{server.port}", self.clock(), detail=detail)
@@ -126,10 +128,11 @@ KINDS = ("worker", "judge", "redis", "postgres", "garbage")
 
 class Schedule:
     """Injects faults one after another at seeded exponential gaps (mean ``gap_s``) until
-    stopped; the kinds come as a shuffled deck, so every kind recurs once per round."""
+    ``enough`` says so (or stopped); the kinds come as a shuffled deck, so every kind
+    recurs once per round."""
 
-    def __init__(self, injector: Injector, kinds: tuple[str, ...], gap_s: float):
-        self.injector, self.kinds, self.gap_s = injector, kinds, gap_s
+    def __init__(self, injector: Injector, kinds: tuple[str, ...], gap_s: float, enough: Callable[[], bool]):
+        self.injector, self.kinds, self.gap_s, self.enough = injector, kinds, gap_s, enough
         self.faults: list[Fault] = []
         #: The fault under way (its start), if any.
         self.current: Fault | None = None
@@ -156,9 +159,15 @@ class Schedule:
     def count(self, kind: str) -> int:
         return sum(f.kind == kind for f in self.faults)
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         rng = self.injector.rng
         while not self._stopping.wait(rng.expovariate(1 / self.gap_s)):
+            if self.enough():
+                return
             kind = self.next_kind()
             self.current = Fault(kind, "?", self.injector.clock())
             try:

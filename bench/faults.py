@@ -24,8 +24,10 @@ It checks, and exits 1 when any check fails:
 - each step done within 60 s of its post or of the end of its last fault, whichever is later;
 - every fault injected and undone (a part that does not come back ends the campaign).
 
-The campaign runs until ``--steps`` steps are done, ``--minutes`` have passed and every
-kind was injected ``--faults-per-kind`` times (each given bound must be met).
+Faults arrive until ``--steps`` steps are done, ``--minutes`` have passed and every kind
+was injected ``--faults-per-kind`` times (each given bound met); then the step in flight
+ends and one more is posted after the last fault was undone, so that the last steps'
+times are measured from the end of the last fault.
 """
 
 from __future__ import annotations
@@ -89,15 +91,25 @@ class Campaign:
     def conninfo(self) -> str:
         return self.stack.postgres.url.replace("postgresql+psycopg://", "postgresql://")
 
-    def finished(self, schedule: Schedule) -> bool:
+    def enough_faults(self, schedule: Schedule) -> bool:
+        """Whether the faults may stop: ``--minutes`` passed, ``--faults-per-kind`` of each
+        kind injected and ``--steps`` steps done (each given bound met)."""
         a = self.args
-        if schedule.errors or (self.steps and self.steps[-1].lost):
-            return True
-        if a.steps is not None and len(self.steps) < a.steps:
-            return False
         if a.minutes is not None and self.clock() < 60 * a.minutes:
             return False
+        if a.steps is not None and len(self.steps) < a.steps:
+            return False
         return all(schedule.count(kind) >= a.faults_per_kind for kind in a.kinds)
+
+    def finished(self, schedule: Schedule) -> bool:
+        """Once the faults have stopped, a last step posted after the end of the last one
+        (its time is measured from that end, as the bound says)."""
+        if schedule.errors or (self.steps and self.steps[-1].lost):
+            return True
+        if schedule.running:
+            return False
+        last_end = max((f.ended for f in schedule.faults), default=0.0)
+        return any(s.posted >= last_end for s in self.steps)
 
     def run(self) -> int:
         a = self.args
@@ -109,7 +121,7 @@ class Campaign:
             listener = FinalAnnouncements(self.conninfo())
             listener.start()
             injector = Injector(self.stack, random.Random(a.seed), (a.down_min, a.down_max), self.clock)
-            schedule = Schedule(injector, tuple(a.kinds), a.gap)
+            schedule = Schedule(injector, tuple(a.kinds), a.gap, lambda: self.enough_faults(schedule))
             print(f"stack up in {self.clock():.1f} s: {self.stack.api_url}, logs in {self.workdir}", flush=True)
             self.began = time.monotonic()
             schedule.start()

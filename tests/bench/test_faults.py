@@ -80,7 +80,7 @@ def test_each_failing_check_of_a_step_is_named() -> None:
 def test_the_schedule_deals_every_kind_once_a_round_in_a_seeded_order() -> None:
     def dealt(seed: int) -> list[str]:
         injector = Injector(stack=None, rng=random.Random(seed), down_s=(1, 2), clock=lambda: 0.0)  # type: ignore[arg-type]
-        schedule = Schedule(injector, KINDS, gap_s=1.0)
+        schedule = Schedule(injector, KINDS, gap_s=1.0, enough=lambda: False)
         return [schedule.next_kind() for _ in range(3 * len(KINDS))]
 
     first = dealt(5)

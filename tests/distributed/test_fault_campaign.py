@@ -48,4 +48,8 @@ def test_a_short_seeded_campaign_with_two_faults_of_each_kind_holds_every_check(
     assert doc["judge_garbage_answers"] > 0
     assert all(s["max_diff"] <= 1e-9 and s["failed_judgments"] == 0 for s in doc["steps"])
     assert all(s["since_last_fault_s"] <= 60 for s in doc["steps"])
+    # The last step was posted once the faults had stopped: its time counts from the last one's end.
+    last_fault_end = max(f["ended"] for f in doc["faults"])
+    assert doc["steps"][-1]["posted"] >= last_fault_end
+    assert doc["steps"][-1]["since_last_fault_s"] > 0
     assert "== fault campaign summary ==" in output
