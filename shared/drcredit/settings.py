@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -61,6 +61,20 @@ class Settings(BaseSettings):
     #: USD per million prompt, cached prompt and completion tokens, ``"in,cached,out"``:
     #: the documents' ``cost_usd`` (null without it) and the cost metric.
     judge_price: Annotated[JudgePrice | None, NoDecode] = None
+
+    # Judge prompts and reuse (docs/judges.md, "Prompt layouts" and "Reuse") ------
+    #: The order of the prompts' parts (drcredit.judges.prompts.LAYOUTS): ``shared-first-v1``
+    #: puts what many calls share first, for the judge servers' prefix caches;
+    #: ``rubric-first-v0`` is the order used before it. Stored with each judgment.
+    judge_prompt_layout: Literal["shared-first-v1", "rubric-first-v0"] = "shared-first-v1"
+    #: Where an identical judge request is answered from an earlier answer: ``tenant``
+    #: (any of the tenant's groups, kept in the database), ``group`` (its own group only)
+    #: or ``off`` (twins in a group are still asked once).
+    judge_reuse: Literal["tenant", "group", "off"] = "tenant"
+    #: Stored answers older than this are neither reused nor kept.
+    judge_reuse_max_age_s: float = Field(30 * 86400.0, gt=0)
+    #: The most answers the store keeps across tenants; past it the oldest go first.
+    judge_reuse_max_entries: int = Field(2_000_000, ge=1)
 
     #: Named audit judges (JSON object; drcredit.audit.judges): each entry takes the
     #: judge settings without their ``judge_`` prefix. Never taken from a request.
@@ -137,6 +151,16 @@ class Settings(BaseSettings):
     def _model_not_blank(cls, value: str | None) -> str | None:
         if value is not None and not value.strip():
             raise ValueError("judge_model must not be blank")
+        return value
+
+    @field_validator("judge_prompt_layout", "judge_reuse", mode="before")
+    @classmethod
+    def _named_choice(cls, value: Any, info: Any) -> Any:
+        allowed = get_args(cls.model_fields[info.field_name].annotation)
+        if value not in allowed:
+            raise ValueError(
+                f"DRCREDIT_{info.field_name.upper()}: unknown value {value!r} (allowed: {', '.join(allowed)})"
+            )
         return value
 
     @field_validator("judge_price", mode="before")

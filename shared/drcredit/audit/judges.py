@@ -6,7 +6,8 @@ without their ``judge_`` prefix: ``base_url`` (one URL, a comma-separated list o
 list of endpoints), ``model``, ``api_key``, and any of ``timeout_s``,
 ``connect_timeout_s``, ``max_tokens``, ``temperature``, ``response_format``,
 ``extra_body``, ``max_attempts``, ``backoff_initial_s``, ``backoff_max_s``,
-``outage_deadline_s``, ``keepalive_s``, ``rpm``, ``tpm``; ``"judge": "offline"`` names
+``outage_deadline_s``, ``keepalive_s``, ``rpm``, ``tpm``, ``prompt_layout`` (to compare two
+prompt layouts on one judge: docs/judges.md); ``"judge": "offline"`` names
 the offline judge. What an entry leaves out is the main judge's setting, so the fleet
 settings apply to each.
 """
@@ -43,6 +44,7 @@ FIELDS = {
     "keepalive_s": "judge_keepalive_s",
     "rpm": "judge_rpm",
     "tpm": "judge_tpm",
+    "prompt_layout": "judge_prompt_layout",
 }
 
 

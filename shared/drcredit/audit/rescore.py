@@ -92,7 +92,7 @@ class _Asker:
         self, prompt: Prompt, call: Callable[[], Awaitable[JudgeResult[Any]]], calls_left: int
     ) -> tuple[JudgeResult[Any], bool]:
         """(result, reused) of the request ``prompt``."""
-        key = prompt.cache_key(self.judge.model)
+        key = self.judge.request_key(prompt)
         pending = self._asked.get(key)
         if pending is not None:
             return await asyncio.shield(pending), True

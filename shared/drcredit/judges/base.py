@@ -87,10 +87,13 @@ class Judge(ABC):
         retry: RetryPolicy | None = None,
         outage_deadline_s: float = 600.0,
         temperature: float = 0.0,
+        prompt_layout: str = prompts.DEFAULT_LAYOUT,
     ):
         self.model = model
         self.retry = retry or RetryPolicy()
         self.temperature = temperature
+        #: The order of the prompts' parts (drcredit.judges.prompts.LAYOUTS).
+        self.prompt_layout: prompts.PromptLayout = prompts.check_layout(prompt_layout)
         self.breaker = CircuitBreaker(self.endpoint, deadline_s=outage_deadline_s)
 
     @property
@@ -112,11 +115,22 @@ class Judge(ABC):
 
     # ------------------------------------------------------------------ requests
 
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """Everything besides the model and the messages that reaches the server and can
+        change its answer (part of :meth:`request_key`)."""
+        return {"temperature": self.temperature}
+
+    def request_key(self, prompt: Prompt) -> str:
+        """The request's digest: equal for identical requests (a group's twins, the
+        tenant's reuse store), different when anything reaching the judge differs."""
+        return prompt.digest(self.model, self.sampling)
+
     def visit_prompt(self, request: VisitJudgeRequest) -> Prompt:
-        return prompts.visit_prompt(request)
+        return prompts.visit_prompt(request, self.prompt_layout)
 
     def snippet_prompt(self, request: SnippetJudgeRequest) -> Prompt:
-        return prompts.snippet_prompt(request)
+        return prompts.snippet_prompt(request, self.prompt_layout)
 
     async def ajudge_visit(self, request: VisitJudgeRequest, prompt: Prompt | None = None) -> JudgeResult[VisitVerdict]:
         usable = request.usable_page_ids
@@ -134,10 +148,10 @@ class Judge(ABC):
         )
 
     def rubric_prompt(self, request: RubricJudgeRequest) -> Prompt:
-        return outcome_prompts.rubric_prompt(request)
+        return outcome_prompts.rubric_prompt(request, self.prompt_layout)
 
     def citation_prompt(self, request: CitationJudgeRequest) -> Prompt:
-        return outcome_prompts.citation_prompt(request)
+        return outcome_prompts.citation_prompt(request, self.prompt_layout)
 
     async def ajudge_rubric(
         self, request: RubricJudgeRequest, prompt: Prompt | None = None
@@ -180,7 +194,9 @@ class Judge(ABC):
         never spends its attempts. While open, one waiter at a time probes with a single
         attempt. Past the outage deadline :class:`JudgeUnavailable` is raised.
         """
-        result: JudgeResult[V] = JudgeResult(prompt.kind, "failed", self.model, self.backend, None)
+        result: JudgeResult[V] = JudgeResult(
+            prompt.kind, "failed", self.model, self.backend, None, prompt_layout=prompt.layout
+        )
         while True:
             probe = await self.breaker.acquire()
             try:

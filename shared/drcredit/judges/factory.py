@@ -17,7 +17,7 @@ def build_judge(settings: Settings, *, fleet: Fleet | None = None) -> Judge:
     if settings.judge == "offline":
         from drcredit.judges.offline import OfflineJudge
 
-        return OfflineJudge()
+        return OfflineJudge(prompt_layout=settings.judge_prompt_layout)
     check_openai_version(metadata.version("openai"))
     from drcredit.judges.fleet.endpoints import parse_endpoints
     from drcredit.judges.fleet.rates import RateLimits
@@ -49,6 +49,7 @@ def build_judge(settings: Settings, *, fleet: Fleet | None = None) -> Judge:
         store=store,
         rates=RateLimits(settings.judge_rpm, settings.judge_tpm),
         fleet=fleet,
+        prompt_layout=settings.judge_prompt_layout,
     )
 
 

@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from drcredit.judges.base import AttemptPlan, Completion, Judge, Prompt, RetryPolicy
+from drcredit.judges.prompts import DEFAULT_LAYOUT
 
 _WORD = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]?")
@@ -118,8 +119,10 @@ class OfflineJudge(Judge):
     partial_share = 0.2
     high_share = 0.4
 
-    def __init__(self, model: str = "offline-lexical-v1", retry: RetryPolicy | None = None):
-        super().__init__(model, retry or RetryPolicy(max_attempts=1))
+    def __init__(
+        self, model: str = "offline-lexical-v1", retry: RetryPolicy | None = None, prompt_layout: str = DEFAULT_LAYOUT
+    ):
+        super().__init__(model, retry or RetryPolicy(max_attempts=1), prompt_layout=prompt_layout)
 
     async def acomplete(self, prompt: Prompt, plan: AttemptPlan) -> Completion:
         document = json.loads(prompt.user)

@@ -46,6 +46,7 @@ from drcredit.judges.openai_wire import (
     post_chat,
     response_format,
 )
+from drcredit.judges.prompts import DEFAULT_LAYOUT
 from drcredit.judges.server_facts import ServerFacts
 
 __all__ = ["DEFAULT_KEEPALIVE_S", "OpenAIJudge", "ResponseFormat"]
@@ -73,9 +74,10 @@ class OpenAIJudge(Judge):
         store: FleetStore | None = None,
         rates: RateLimits = RateLimits(),
         fleet: Fleet | None = None,
+        prompt_layout: str = DEFAULT_LAYOUT,
     ):
         self.endpoints = endpoints or parse_endpoints(base_url or os.environ.get("OPENAI_BASE_URL"))
-        super().__init__(model, retry, outage_deadline_s, temperature)
+        super().__init__(model, retry, outage_deadline_s, temperature, prompt_layout)
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -102,6 +104,16 @@ class OpenAIJudge(Judge):
     @property
     def endpoint(self) -> str:
         return ",".join(e.url for e in self.endpoints)
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        # top_p, seed and the like reach the server through the extra body.
+        return {
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "response_format": self.response_format,
+            "extra_body": self.extra_body,
+        }
 
     def response_format_of(self, url: str) -> ResponseFormat:
         return self._formats[url]

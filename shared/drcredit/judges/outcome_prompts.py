@@ -1,16 +1,17 @@
 """The two outcome-judge prompts (docs/method.md, "Outcome reward"), written for this project.
 
-Like the process prompts: instructions in a fixed system text, then one JSON document
-whose static parts come first (question and rubric, or the claim), with report and page
-text inside fields named as data the judge must not take instructions from.
+Like the process prompts: instructions in a fixed system text, then one JSON document in
+the order of the configured layout (:mod:`drcredit.judges.prompts`: with
+``shared-first-v1`` a rubric call has the question and the report, which every rubric
+call of the report shares, before its rubric), with report and page text inside fields
+named as data the judge must not take instructions from.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
+from drcredit.judges.prompts import DEFAULT_LAYOUT, PromptLayout, render
 from drcredit.judges.requests import CitationJudgeRequest, Prompt, RubricJudgeRequest
 
 RUBRIC_SYSTEM = """\
@@ -86,21 +87,23 @@ RUBRIC_SCHEMA = _schema(4)
 CITATION_SCHEMA = _schema(2)
 
 
-def rubric_prompt(request: RubricJudgeRequest) -> Prompt:
+def rubric_prompt(request: RubricJudgeRequest, layout: PromptLayout = DEFAULT_LAYOUT) -> Prompt:
     rubric = request.rubric
-    document = {
+    parts = {
         "question": request.question,
         "rubric_item": {"id": rubric.id, "type": rubric.type, "description": rubric.description},
         "report": request.report,
         "answer_format": {"score": "0 | 1 | 2 | 3 | 4 (integer)", "rationale": "one sentence"},
     }
-    return Prompt("rubric", RUBRIC_SYSTEM, orjson.dumps(document).decode(), "rubric_score", RUBRIC_SCHEMA)
+    return Prompt("rubric", RUBRIC_SYSTEM, render("rubric", layout, parts), "rubric_score", RUBRIC_SCHEMA, layout)
 
 
-def citation_prompt(request: CitationJudgeRequest) -> Prompt:
-    document = {
+def citation_prompt(request: CitationJudgeRequest, layout: PromptLayout = DEFAULT_LAYOUT) -> Prompt:
+    parts = {
         "claim": request.claim,
         "cited_pages": [{"url": url, "evidence": evidence} for url, evidence in request.pages],
         "answer_format": {"score": "0 | 1 | 2 (integer)", "rationale": "one sentence"},
     }
-    return Prompt("citation", CITATION_SYSTEM, orjson.dumps(document).decode(), "claim_support", CITATION_SCHEMA)
+    return Prompt(
+        "citation", CITATION_SYSTEM, render("citation", layout, parts), "claim_support", CITATION_SCHEMA, layout
+    )

@@ -1,20 +1,66 @@
 """The judge prompts, written for this project from the paper's criteria.
 
-Each prompt is static first: the system text (instructions) never varies, and the user
-message is one JSON document whose keys come in a fixed order: question and rubric(s)
-first, then the rollout-specific history, then the pages or snippets. Servers with
-prefix caching (vLLM, SGLang) therefore reuse everything up to the history across the
-calls of a group. Page and snippet text travels only inside JSON strings of fields named
-as untrusted data, so the judge can tell instructions from material.
+Each prompt is the system text (instructions, which never vary) and one JSON document
+whose keys come in the order of a named *layout* (:data:`LAYOUTS`). The default,
+``shared-first-v1``, orders the parts by how many calls share them: the question, then
+the material a set of calls has in common (a visit's reasoning, call and pages, the same
+for every rubric asked about that visit), then the rubric, then that rubric's history.
+A judge server with a prefix cache (vLLM, SGLang, llama.cpp's slots) then prefills a
+visit's pages once for all its rubric calls. ``rubric-first-v0`` is the order used
+before (question, rubric, history, material), kept to compare the two on a real judge.
+The layouts change the order only, never what the judge is told. Page and snippet text
+travels only inside JSON strings of fields named as untrusted data, so the judge can tell
+instructions from material.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args
 
 import orjson
 
 from drcredit.judges.requests import Prompt, SnippetJudgeRequest, VisitJudgeRequest
+
+#: The prompt layouts, newest first (``DRCREDIT_JUDGE_PROMPT_LAYOUT``; each judgment stores its own).
+PromptLayout = Literal["shared-first-v1", "rubric-first-v0"]
+LAYOUTS: tuple[PromptLayout, ...] = get_args(PromptLayout)
+DEFAULT_LAYOUT: PromptLayout = "shared-first-v1"
+
+#: The order of each prompt's parts in each layout. A snippet call has all the group's
+#: rubrics, which every snippet call of the group shares, and one turn's results; a
+#: citation call's claim is shared by its joint and per-page calls: both already came
+#: widest-shared first, so their order is the same in both layouts.
+ORDERS: dict[str, dict[PromptLayout, tuple[str, ...]]] = {
+    "visit": {
+        "shared-first-v1": ("question", "visit", "rubric_item", "support_already_credited", "answer_format"),
+        "rubric-first-v0": ("question", "rubric_item", "support_already_credited", "visit", "answer_format"),
+    },
+    "snippet": {
+        "shared-first-v1": ("question", "rubric_items", "unopened_results", "answer_format"),
+        "rubric-first-v0": ("question", "rubric_items", "unopened_results", "answer_format"),
+    },
+    "rubric": {
+        "shared-first-v1": ("question", "report", "rubric_item", "answer_format"),
+        "rubric-first-v0": ("question", "rubric_item", "report", "answer_format"),
+    },
+    "citation": {
+        "shared-first-v1": ("claim", "cited_pages", "answer_format"),
+        "rubric-first-v0": ("claim", "cited_pages", "answer_format"),
+    },
+}
+
+
+def check_layout(name: str) -> PromptLayout:
+    """``name`` as a layout; ValueError naming the setting and the layouts otherwise."""
+    if name not in LAYOUTS:
+        raise ValueError(f"DRCREDIT_JUDGE_PROMPT_LAYOUT: unknown layout {name!r} (allowed: {', '.join(LAYOUTS)})")
+    return name  # type: ignore[return-value]
+
+
+def render(kind: str, layout: PromptLayout, parts: dict[str, Any]) -> str:
+    """The user message: ``parts`` as one compact JSON document in ``layout``'s order."""
+    return _dump({key: parts[key] for key in ORDERS[kind][layout]})
+
 
 VISIT_SYSTEM = """\
 You grade one step of a research agent: a single web visit, against a single rubric item.
@@ -153,16 +199,16 @@ SNIPPET_SCHEMA: dict[str, Any] = {
 
 
 def _dump(document: dict[str, Any]) -> str:
-    # Key order is the insertion order above (static parts first); no sorting. Compact,
+    # Key order is the layout's (insertion order); no sorting. Compact,
     # with orjson: a prompt carries pages of text, and the stdlib encoder (let alone an
     # indented dump, which takes its pure-Python path) costs several times more CPU.
     return orjson.dumps(document).decode()
 
 
-def visit_prompt(request: VisitJudgeRequest) -> Prompt:
+def visit_prompt(request: VisitJudgeRequest, layout: PromptLayout = DEFAULT_LAYOUT) -> Prompt:
     rubric = request.rubric
     turn = request.turn
-    document = {
+    parts = {
         "question": request.question,
         "rubric_item": {
             "id": rubric.id,
@@ -187,11 +233,11 @@ def visit_prompt(request: VisitJudgeRequest) -> Prompt:
             "rationale": "one or two sentences",
         },
     }
-    return Prompt("visit", VISIT_SYSTEM, _dump(document), "visit_judgment", VISIT_SCHEMA)
+    return Prompt("visit", VISIT_SYSTEM, render("visit", layout, parts), "visit_judgment", VISIT_SCHEMA, layout)
 
 
-def snippet_prompt(request: SnippetJudgeRequest) -> Prompt:
-    document = {
+def snippet_prompt(request: SnippetJudgeRequest, layout: PromptLayout = DEFAULT_LAYOUT) -> Prompt:
+    parts = {
         "question": request.question,
         "rubric_items": [{"id": r.id, "type": r.type, "description": r.description} for r in request.rubrics],
         "unopened_results": [{"id": r.id, "snippet": r.snippet} for r in request.results],
@@ -205,4 +251,6 @@ def snippet_prompt(request: SnippetJudgeRequest) -> Prompt:
             ]
         },
     }
-    return Prompt("snippet", SNIPPET_SYSTEM, _dump(document), "snippet_matches", SNIPPET_SCHEMA)
+    return Prompt(
+        "snippet", SNIPPET_SYSTEM, render("snippet", layout, parts), "snippet_matches", SNIPPET_SCHEMA, layout
+    )

@@ -11,6 +11,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from drcredit.domain.group import Rubric, SearchResult, VisitTurn
 
 JudgeKind = Literal["visit", "snippet", "rubric", "citation"]
@@ -68,15 +70,24 @@ class Prompt:
     user: str
     schema_name: str
     schema: dict[str, Any]
+    #: The layout the user message was rendered in (drcredit.judges.prompts.LAYOUTS).
+    layout: str = "shared-first-v1"
 
     @property
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
 
-    def cache_key(self, model: str) -> str:
-        """Identical requests (same model and text) share one judgment within a group."""
+    def digest(self, model: str, sampling: dict[str, Any]) -> str:
+        """What makes two requests identical (SPEC-free summary in docs/judges.md, "Reuse"):
+        the model, the messages, the structured-output schema and every sampling parameter
+        that reaches the server (``sampling``: temperature, the answer's token limit, the
+        response format mode, the extra body with top_p, seed, ...). One key serves both
+        the group's twins and the tenant's reuse store."""
         digest = hashlib.sha256()
-        for part in (model, self.kind, self.system, self.user):
+        for part in (model, self.kind, self.system, self.user, self.schema_name):
             digest.update(part.encode())
             digest.update(b"\x00")
+        digest.update(orjson.dumps(self.schema, option=orjson.OPT_SORT_KEYS))
+        digest.update(b"\x00")
+        digest.update(orjson.dumps(sampling, option=orjson.OPT_SORT_KEYS))
         return digest.hexdigest()

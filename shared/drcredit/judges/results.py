@@ -103,6 +103,10 @@ class JudgeResult(Generic[V]):
     attempts: list[Attempt] = field(default_factory=list)
     #: A reused answer (an identical request's, stored): (endpoint, model) that gave it.
     reused_from: tuple[str | None, str | None] | None = None
+    #: The layout of the prompt asked (drcredit.judges.prompts.LAYOUTS).
+    prompt_layout: str | None = None
+    #: Answered from the tenant's store of earlier answers (no call made for it).
+    reused: bool = False
 
     @property
     def latency_s(self) -> float:
