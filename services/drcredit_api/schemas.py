@@ -59,6 +59,10 @@ class Usage(_Open):
     cached_prompt_tokens: int
     #: The part of prompt_tokens the platform estimated (calls cut off before any usage).
     estimated_prompt_tokens: int
+    #: Judgments answered from the tenant's store of earlier answers (no call, no tokens).
+    reused: int = 0
+    #: cached_prompt_tokens / prompt_tokens; null with no prompt tokens.
+    cached_prompt_share: float | None = None
     #: At DRCREDIT_JUDGE_PRICE; null when no price is set.
     cost_usd: float | None
 
@@ -72,6 +76,9 @@ class UsagePerTrajectory(_Open):
     completion_tokens: float
     cached_prompt_tokens: float
     estimated_prompt_tokens: float
+    reused: float = 0.0
+    #: A ratio (the sums' cached_prompt_tokens / prompt_tokens), not a mean per trajectory.
+    cached_prompt_share: float | None = None
     cost_usd: float | None
 
 

@@ -22,6 +22,8 @@ def test_cost_prices_uncached_cached_and_completion_tokens_apart() -> None:
         "completion_tokens": 500,
         "cached_prompt_tokens": 4_000,
         "estimated_prompt_tokens": 0,
+        "reused": 0,
+        "cached_prompt_share": 0.4,  # 4,000 / 10,000
         "cost_usd": pytest.approx(0.0015),
     }
 
@@ -45,6 +47,8 @@ def test_sums_per_item_and_means_over_steps() -> None:
         "completion_tokens": 20.0,
         "cached_prompt_tokens": 20.0,
         "estimated_prompt_tokens": 25.0,
+        "reused": 0.0,
+        "cached_prompt_share": 0.1,  # 40 / 400: the sums' ratio, not divided by trajectories
         "cost_usd": pytest.approx(460e-6),
     }
     assert per_item(a, 0, price) is None
@@ -93,3 +97,18 @@ def test_no_price_is_no_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().judge_price is None
     monkeypatch.setenv("DRCREDIT_JUDGE_PRICE", "3,1.5,15")
     assert Settings().judge_price == JudgePrice(3.0, 1.5, 15.0)
+
+
+def test_reused_judgments_add_no_tokens_and_the_cached_share_is_of_the_sums() -> None:
+    # Two rollouts: one asked the judge (1,000 prompt tokens, 750 from the server's cache),
+    # one answered both its judgments from the tenant's store (no call, no tokens).
+    asked = Usage(calls=2, judgments=2, prompt_tokens=1_000, completion_tokens=60, cached_prompt_tokens=750)
+    from_store = Usage(reused=2)
+    group = total([asked, from_store])
+    doc = group.document(JudgePrice(1.0, 0.1, 2.0))
+    assert doc["reused"] == 2 and doc["calls"] == 2 and doc["prompt_tokens"] == 1_000
+    assert doc["cached_prompt_share"] == 0.75  # 750 / 1,000
+    # 250 uncached x 1.0 + 750 cached x 0.1 + 60 x 2.0 = 250 + 75 + 120 per million
+    assert doc["cost_usd"] == pytest.approx(445e-6)
+    assert from_store.document(None)["cached_prompt_share"] is None  # no prompt tokens: no share
+    assert from_store.document(JudgePrice(1.0, 0.1, 2.0))["cost_usd"] == 0.0

@@ -57,7 +57,8 @@ class Usage:
     own (ok or failed; not a reused answer, not a deterministic zero, not a skipped
     snippet call: the paper's judge tasks, retries not counted separately). Tokens as the
     server reported them; ``estimated_prompt_tokens`` is the part of ``prompt_tokens``
-    estimated by the platform for calls cut off before any usage came back.
+    estimated by the platform for calls cut off before any usage came back. ``reused``:
+    judgments answered from the tenant's store of earlier answers (no call, no tokens).
     """
 
     calls: int = 0
@@ -66,6 +67,7 @@ class Usage:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0
     estimated_prompt_tokens: int = 0
+    reused: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Usage)))
@@ -79,9 +81,20 @@ class Usage:
             (self.prompt_tokens - cached) * price.input + cached * price.cached + self.completion_tokens * price.output
         ) / 1e6
 
+    @property
+    def cached_prompt_share(self) -> float | None:
+        """The part of the prompt tokens the judge served from its prefix cache; None without any."""
+        if self.prompt_tokens <= 0:
+            return None
+        return min(self.cached_prompt_tokens, self.prompt_tokens) / self.prompt_tokens
+
     def document(self, price: JudgePrice | None) -> dict[str, Any]:
         """The ``usage`` object of the documents."""
-        return {**{f.name: getattr(self, f.name) for f in fields(Usage)}, "cost_usd": self.cost_usd(price)}
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(Usage)},
+            "cached_prompt_share": self.cached_prompt_share,
+            "cost_usd": self.cost_usd(price),
+        }
 
 
 def total(usages: Iterable[Usage]) -> Usage:
@@ -97,7 +110,9 @@ def per_item(usage: Usage, items: int, price: JudgePrice | None) -> dict[str, An
     if items <= 0:
         return None
     doc = usage.document(price)
-    return {k: (v / items if v is not None else None) for k, v in doc.items()}
+    out = {k: (v / items if v is not None else None) for k, v in doc.items()}
+    out["cached_prompt_share"] = doc["cached_prompt_share"]  # a ratio, not a sum
+    return out
 
 
 def mean_of(documents: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:

@@ -40,6 +40,7 @@ from drcredit.scoring.work.judging import JudgeCalls
 from drcredit.scoring.work.leases import LeaseKeeper
 from drcredit.scoring.work.lifecycle import UnitLifecycle
 from drcredit.scoring.work.outages import JudgeOutages
+from drcredit.scoring.work.reuse import ReusePolicy
 from drcredit.scoring.work.rollout_cache import DEFAULT_CONTENT_BUDGET, RolloutCache
 from drcredit.scoring.work.snippet_release import SnippetRelease
 from drcredit.scoring.work.unit_context import UnitContext
@@ -70,6 +71,7 @@ class Pipeline:
         limits: Limits | None = None,
         rollout_cache_bytes: int = DEFAULT_CONTENT_BUDGET,
         judge_price: JudgePrice | None = None,
+        reuse: ReusePolicy | None = None,
     ):
         self.db = db
         self.judge = judge
@@ -104,7 +106,10 @@ class Pipeline:
             worker_id=self.worker_id,
             lease_s=lease_s,
             price=judge_price,
+            reuse=reuse,
         )
+        if self.judging.store is not None:
+            self.engine.on_close(self.judging.store.flush)
         self.aggregator = Aggregator(db, self.rollouts, self.events, judge_price)
         self.units = UnitLifecycle(
             UnitContext(

@@ -218,7 +218,12 @@ class Judgment(Base):
     answer: Mapped[Any] = mapped_column(JSON, nullable=True)
     prior_support: Mapped[int | None] = mapped_column(Integer)
     request_key: Mapped[str | None] = mapped_column(String(64))
+    #: Answered without a call: an identical request's answer (its group's twin, or with
+    #: ``reused`` one kept in the tenant's store of earlier answers, ``judge_answers``).
     cache_hit: Mapped[bool] = mapped_column(Boolean, default=False)
+    reused: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
+    #: The layout the prompt was rendered in (drcredit.judges.prompts.LAYOUTS; null before 0010).
+    prompt_layout: Mapped[str | None] = mapped_column(String(32))
     backend: Mapped[str | None] = mapped_column(String(32))
     #: The model the platform asked for (its setting); ``served_model``: the one the
     #: server said answered, and ``endpoint`` the endpoint it answered from (of a reused
@@ -287,6 +292,32 @@ class RequestClaim(Base):
     request_key: Mapped[str] = mapped_column(String(64))
     owner: Mapped[str] = mapped_column(String(128))
     claimed_at: Mapped[datetime] = mapped_column()
+
+
+class JudgeAnswer(Base):
+    """A valid judge answer kept so that the tenant's identical requests are answered
+    from it instead of the judge (drcredit.scoring.work.reuse). ``digest`` is the request's
+    (drcredit.judges.requests.Prompt.digest: model, messages, format, sampling)."""
+
+    __tablename__ = "judge_answers"
+    __table_args__ = (
+        UniqueConstraint("tenant", "digest"),
+        Index("ix_judge_answers_created_at", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(128))
+    digest: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(256))
+    backend: Mapped[str] = mapped_column(String(32))
+    #: Who gave the answer (as on a judgment).
+    served_model: Mapped[str | None] = mapped_column(String(256))
+    endpoint: Mapped[str | None] = mapped_column(String(512))
+    #: The judge's JSON answer and the validated verdict (its fields by kind).
+    answer: Mapped[Any] = mapped_column(JSON, nullable=True)
+    verdict: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class JudgeEndpoint(Base):

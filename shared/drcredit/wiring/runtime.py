@@ -13,6 +13,7 @@ from drcredit.judges import build_judge
 from drcredit.judges.base import Judge
 from drcredit.scoring.dispatch import Dispatcher, InProcessDispatcher
 from drcredit.scoring.pipeline import Pipeline
+from drcredit.scoring.work.reuse import ReusePolicy
 from drcredit.settings import Settings
 from drcredit.storage.database import Database
 from drcredit.storage.migrate import schema_problem, upgrade
@@ -67,6 +68,7 @@ class Runtime:
             db_threads=db_threads,
             rollout_cache_bytes=settings.rollout_cache_mb << 20,
             judge_price=settings.judge_price,
+            reuse=ReusePolicy(settings.judge_reuse, settings.judge_reuse_max_age_s, settings.judge_reuse_max_entries),
         )
         audits = AuditJudges(settings, judge)
         pipeline.engine.on_close(audits.aclose)

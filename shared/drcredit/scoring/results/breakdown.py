@@ -89,6 +89,8 @@ def _judgment(j: m.Judgment) -> dict[str, Any]:
         rationale=j.rationale,
         failure_reason=j.failure_reason,
         cache_hit=j.cache_hit,
+        reused=j.reused,
+        prompt_layout=j.prompt_layout,
         model=j.model,
         served_model=j.served_model,
         endpoint=j.endpoint,

@@ -2,8 +2,9 @@
 
 Every judgment belongs to a rollout (visit and snippet judgments to its research turns,
 rubric and citation judgments to its answer), so a group's usage is the sum of its
-rollouts'. A reused answer (``cache_hit``) is stored with no attempts and no tokens:
-it adds nothing. See :class:`drcredit.domain.usage.Usage` for what each field counts.
+rollouts'. A reused answer (``cache_hit``: a twin's in the group, or with ``reused`` the
+tenant's store's) is stored with no attempts and no tokens: it adds no call and no
+token, and those from the store are counted as ``reused``. See :class:`drcredit.domain.usage.Usage` for what each field counts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def _sums() -> tuple[Any, ...]:
         func.coalesce(func.sum(j.completion_tokens), 0),
         func.coalesce(func.sum(j.cached_prompt_tokens), 0),
         func.coalesce(func.sum(j.estimated_prompt_tokens), 0),
+        func.coalesce(func.sum(j.reused.cast(Integer)), 0),
     )
 
 
@@ -43,7 +45,7 @@ def rollout_usage(s: Session, group_pks: Sequence[int]) -> dict[int, dict[str, U
         return out
     rows = s.execute(
         select(m.Judgment.group_pk, m.Judgment.rollout_id, *_sums())
-        .where(m.Judgment.group_pk.in_(list(group_pks)), m.Judgment.cache_hit.is_(False))
+        .where(m.Judgment.group_pk.in_(list(group_pks)))
         .group_by(m.Judgment.group_pk, m.Judgment.rollout_id)
     )
     for group_pk, rollout_id, *sums in rows:

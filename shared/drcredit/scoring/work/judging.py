@@ -1,11 +1,13 @@
 """Judge calls as units make them: one call under the outage watch, and each distinct
-request made once per group.
+request made once per group, and (reuse ``tenant``) once per tenant.
 
 Identical requests in a group (twin turns of rollouts that visited the same pages with
 the same history, the same claim cited on the same pages) are answered once: an answer
 already stored is reused (a cache hit), one in flight in this process is awaited in
 memory, and with ``claims`` on (distributed mode) one in flight in another process is
 awaited through a ``request_claims`` row, which expires with the lease if its owner dies.
+Across groups the same request key finds a valid answer the tenant got before in the
+reuse store (:mod:`drcredit.scoring.work.reuse`), before any call is made.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from sqlalchemy.exc import IntegrityError
 from drcredit import metrics
 from drcredit.domain.usage import JudgePrice, Usage
 from drcredit.domain.verdicts import RejectedMatch, ScoreVerdict, SnippetMatch, SnippetVerdict, VisitVerdict
-from drcredit.judges.base import JudgeResult
+from drcredit.judges.base import Judge, JudgeResult, Prompt
 from drcredit.scoring.engine import Engine
 from drcredit.scoring.results.outcomes import OUTCOME_KINDS
 from drcredit.scoring.work.outages import JudgeOutages
+from drcredit.scoring.work.reuse import ReusePolicy, ReuseStore
 from drcredit.scoring.work.units import Stopping
 from drcredit.storage import models as m
 from drcredit.storage.database import Database, rows_changed, utcnow
@@ -53,8 +56,12 @@ class JudgeCalls:
         worker_id: str,
         lease_s: float,
         price: JudgePrice | None = None,
+        reuse: ReusePolicy | None = None,
     ):
         self.db = db
+        self.policy = reuse or ReusePolicy()
+        #: The tenant's store of earlier answers (reuse ``tenant`` only).
+        self.store = ReuseStore(db, engine.db, self.policy) if self.policy.across_groups else None
         #: What the judge's tokens cost, for the cost metric (None: no price set).
         self.price = price
         self.engine = engine
@@ -68,15 +75,39 @@ class JudgeCalls:
         #: Requests in flight on the engine loop (only touched from that loop).
         self._inflight: dict[tuple[int, str], asyncio.Future[JudgeResult[Any]]] = {}
 
-    async def call(self, group_pk: int, call: Callable[[], Awaitable[JudgeResult[R]]]) -> JudgeResult[R]:
+    def keys(self, judge: Judge, prompt: Prompt, twin: bool) -> tuple[str | None, str | None]:
+        """(the key of a request that may have a twin in its group, the key it is looked up
+        and kept under in the reuse store), each None when not needed: hashing a prompt
+        with pages costs about as much CPU as the call."""
+        if not self.policy.twins or not (twin or self.store is not None):
+            return None, None
+        key = judge.request_key(prompt)
+        return (key if twin else None), (key if self.store is not None else None)
+
+    async def call(
+        self,
+        group_pk: int,
+        call: Callable[[], Awaitable[JudgeResult[R]]],
+        reuse: tuple[str, Prompt] | None = None,
+    ) -> JudgeResult[R]:
         """One judgment (with its retries, and its waits for an unreachable judge); the
-        caller holds a judge slot.
+        caller holds a judge slot. With ``reuse`` (the request's key and prompt) an answer
+        the tenant got before is returned instead (``reused``), and a valid new one kept.
 
         A slot covers the call *and* the store of its answer, so the judge answers a
         process could lose when it dies are at most its judge concurrency.
         """
+        if reuse is not None and self.store is not None:
+            key, prompt = reuse
+            hit = await self.store.lookup(group_pk, key, prompt.kind, prompt.layout)
+            if hit is not None:
+                metrics.JUDGE_REUSED.labels(prompt.kind).inc()
+                self.engine.start_order.call_ended()  # no call: nothing to learn, nobody to hold
+                return hit  # type: ignore[return-value]
         with self.outages.judging(group_pk):
             result = await call()
+        if reuse is not None and self.store is not None:
+            await self.store.save(group_pk, reuse[0], result)
         observe(result, self.price)
         if result.status == "ok" and result.attempts:
             # The judge's own answer time: under a limited judge a call also waits here
@@ -95,9 +126,10 @@ class JudgeCalls:
         kind: str,
         call: Callable[[], Awaitable[JudgeResult[R]]],
         store: Callable[[JudgeResult[R], bool], Awaitable[S]],
+        reuse: tuple[str, Prompt] | None = None,
     ) -> tuple[JudgeResult[R], S]:
         """Judge a request once per group and store the result with ``store``; returns
-        (result, what the store came to)."""
+        (result, what the store came to). ``reuse``: as for :meth:`call`."""
         hit = await self.engine.db(self.stored_answer, group_pk, key, kind)
         if hit is not None:
             # Answered without a call: units held for this process's first call must
@@ -119,7 +151,7 @@ class JudgeCalls:
                 if hit is not None:
                     future.set_result(hit)
                     return hit, await store(hit, True)
-            result = await self.call(group_pk, call)
+            result = await self.call(group_pk, call, reuse)
             stored = await store(result, False)
             future.set_result(result)
             return result, stored
@@ -234,6 +266,7 @@ def result_from_row(row: m.Judgment) -> JudgeResult[Any]:
         verdict,
         row.answer,
         reused_from=(row.endpoint, row.served_model),
+        prompt_layout=row.prompt_layout,
     )
 
 

@@ -72,12 +72,13 @@ async def run_outcome_unit(ctx: UnitContext, unit: Claimed, owner: str) -> UnitO
         # same claim on the same pages) is looked up and claimed by its key, group-wide;
         # the others are asked and stored directly.
         twin = f"{kind}\x1f{key}" in unit.twin_calls
-        prompt_key = prompt.cache_key(ctx.judge.model) if twin else None
+        prompt_key, reuse_key = ctx.judging.keys(ctx.judge, prompt, twin)
+        reuse = (reuse_key, prompt) if reuse_key is not None else None
         async with ctx.engine.judge_slots.slot(1):
             if prompt_key is not None:
-                result, stored = await ctx.judging.once(group_pk, prompt_key, kind, call, store)
+                result, stored = await ctx.judging.once(group_pk, prompt_key, kind, call, store, reuse)
             else:
-                result = await ctx.judging.call(group_pk, call)
+                result = await ctx.judging.call(group_pk, call, reuse)
                 stored = await store(result, False)
         return kind, key, result, stored
 

@@ -25,7 +25,8 @@ async def run_snippet(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcom
         await ctx.engine.start_order.wait(1)
         request = await _request(ctx, unit)
         prompt = ctx.judge.snippet_prompt(request)
-        key = prompt.cache_key(ctx.judge.model) if unit.dedupe_turns else None
+        key, reuse_key = ctx.judging.keys(ctx.judge, prompt, bool(unit.dedupe_turns))
+        reuse = (reuse_key, prompt) if reuse_key is not None else None
         call = functools.partial(ctx.judge.ajudge_snippets, request, prompt)
         fails_group = params.on_judge_failure == "fail"
         store = functools.partial(
@@ -39,9 +40,9 @@ async def run_snippet(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcom
         )
         async with ctx.engine.judge_slots.slot(1):
             if key is not None:
-                result, stored = await ctx.judging.once(group_pk, key, "snippet", call, store)
+                result, stored = await ctx.judging.once(group_pk, key, "snippet", call, store, reuse)
             else:
-                result = await ctx.judging.call(group_pk, call)
+                result = await ctx.judging.call(group_pk, call, reuse)
                 stored = await store(result, False)
         if result.status == "failed" and fails_group:
             await ctx.engine.db(

@@ -75,8 +75,10 @@ def judgment_values(
     result: JudgeResult[Any],
     cached: bool,
 ) -> dict[str, Any]:
-    """A judgment's column values. A reused answer (``cached``) made no call: no tokens,
-    no attempts, but the endpoint and model that gave the answer."""
+    """A judgment's column values. A reused answer (``cached``: a twin's in the group, or
+    the tenant's store's, ``result.reused``) made no call: no tokens, no attempts, but the
+    endpoint and model that gave the answer."""
+    cached = cached or result.reused
     endpoint, served_model = result.answered_by
     return {
         "group_pk": group_pk,
@@ -88,6 +90,8 @@ def judgment_values(
         "answer": result.answer,
         "request_key": key,
         "cache_hit": cached,
+        "reused": result.reused,
+        "prompt_layout": result.prompt_layout,
         "backend": result.backend,
         "model": result.model,
         "served_model": served_model,

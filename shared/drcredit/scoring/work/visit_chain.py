@@ -97,9 +97,10 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
             turn=turn,
         )
         prompt = ctx.judge.visit_prompt(request)
-        # The request's key finds an identical request's answer: only a turn that can
-        # have a twin needs one (hashing a prompt with pages costs a judge call's CPU).
-        key = prompt.cache_key(ctx.judge.model) if t in unit.dedupe_turns else None
+        # The request's key finds an identical request's answer: in the group only a turn
+        # that can have a twin needs one; in the tenant's reuse store every request.
+        key, reuse_key = ctx.judging.keys(ctx.judge, prompt, t in unit.dedupe_turns)
+        reuse = (reuse_key, prompt) if reuse_key is not None else None
         release = None
         if t in deciders and ctx.snippets.may_wait(group_pk, rollout.id):
             release = ((group_pk, rollout.id), params)
@@ -132,12 +133,12 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
                     done, history = await reread()
                     continue
             async with slots.slot(remaining):
-                result, stored = await ctx.judging.once(group_pk, key, "visit", call, store)
+                result, stored = await ctx.judging.once(group_pk, key, "visit", call, store, reuse)
             pending_finishes = last and stored == "stored"
         else:
             await slots.acquire(remaining)
             try:
-                result = await ctx.judging.call(group_pk, call)
+                result = await ctx.judging.call(group_pk, call, reuse)
                 previous: StoreOutcome = "stored"
                 if pending is not None:
                     previous, pending = await pending, None
