@@ -33,6 +33,8 @@ from urllib.parse import parse_qs
 import orjson
 import uvicorn
 
+from bench import prefix_cache
+
 FACT = re.compile(r"\{F(\d+)\}")
 
 
@@ -142,8 +144,11 @@ class Simulator:
         error_rate: float,
         seed: int,
         quota: Quota | None = None,
+        prefix: prefix_cache.PrefixCache | None = None,
     ):
         self.latency, self.sigma, self.error_rate = latency, sigma, error_rate
+        #: The replica's prefix cache and prefill cost (None: neither).
+        self.prefix = prefix
         self.rng = random.Random(seed)
         self.slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
         self.quota = quota
@@ -206,6 +211,7 @@ class Simulator:
                 self.slots.release()
         answer = orjson.dumps(ANSWERS[kind](doc)).decode()
         prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
+        cached = await self.prefix.prefill(body["messages"], prompt_tokens) if self.prefix is not None else 0
         completion_tokens = len(answer) // 4
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens
@@ -224,6 +230,7 @@ class Simulator:
                         "prompt_tokens": prompt_tokens,
                         "completion_tokens": completion_tokens,
                         "total_tokens": prompt_tokens + completion_tokens,
+                        "prompt_tokens_details": {"cached_tokens": cached},
                     },
                 }
             ),
@@ -264,6 +271,8 @@ class Simulator:
             "garbage",
         ):
             self.stats[key] = 0
+        if self.prefix is not None:
+            self.prefix.reset()
 
 
 def app(sim: Simulator, keepalive: bool = True) -> Any:
@@ -286,7 +295,7 @@ def app(sim: Simulator, keepalive: bool = True) -> Any:
         if path == "/v1/chat/completions" and method == "POST":
             status, payload, extra = await sim.completion(b"".join(chunks))
         elif path == "/stats":
-            status, payload = 200, orjson.dumps(sim.stats)
+            status, payload = 200, orjson.dumps({**sim.stats, **(sim.prefix.stats if sim.prefix else {})})
         elif path == "/garbage" and method == "POST":
             seconds = float(parse_qs(scope["query_string"].decode()).get("seconds", ["0"])[0])
             sim.garbage_until = time.monotonic() + seconds
@@ -326,9 +335,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="requests a second allowed (0: no quota)")
     parser.add_argument("--burst", type=float, default=0.0, help="the quota's bucket (default: one second of it)")
     parser.add_argument("--rate-headers", action="store_true", help="answers carry x-ratelimit-* headers")
+    prefix_cache.add_arguments(parser)
     args = parser.parse_args()
     quota = Quota(args.rate, args.burst or args.rate, args.rate_headers) if args.rate > 0 else None
-    sim = Simulator(args.latency, args.lognormal_sigma, args.concurrency, args.error_rate, args.seed, quota)
+    sim = Simulator(
+        args.latency,
+        args.lognormal_sigma,
+        args.concurrency,
+        args.error_rate,
+        args.seed,
+        quota,
+        prefix_cache.from_args(args),
+    )
     uvicorn.run(
         app(sim, keepalive=not args.no_keepalive),
         host="127.0.0.1",

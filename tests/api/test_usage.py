@@ -40,6 +40,8 @@ USAGE_A = {
     "completion_tokens": 182,
     "cached_prompt_tokens": 2400,
     "estimated_prompt_tokens": 0,
+    "reused": 0,
+    "cached_prompt_share": pytest.approx(2400 / 5300),
     "cost_usd": pytest.approx(0.008456),
 }
 USAGE_B = {
@@ -49,6 +51,8 @@ USAGE_B = {
     "completion_tokens": 64,
     "cached_prompt_tokens": 600,
     "estimated_prompt_tokens": 0,
+    "reused": 0,
+    "cached_prompt_share": pytest.approx(600 / 3300),
     "cost_usd": pytest.approx(0.006212),
 }
 USAGE_GROUP = {
@@ -58,6 +62,8 @@ USAGE_GROUP = {
     "completion_tokens": 246,
     "cached_prompt_tokens": 3000,
     "estimated_prompt_tokens": 0,
+    "reused": 0,
+    "cached_prompt_share": pytest.approx(3000 / 8600),
     "cost_usd": pytest.approx(0.014668),
 }
 
@@ -169,12 +175,18 @@ TWO_VISIT_CALLS = {
     "completion_tokens": 80,
     "cached_prompt_tokens": 1200,
     "estimated_prompt_tokens": 0,
+    "reused": 0,
+    "cached_prompt_share": 0.6,  # 1,200 / 2,000
     "cost_usd": pytest.approx(0.00284),
 }
 
 
 def test_a_reused_answer_counts_no_call_and_no_token(database_url: str) -> None:
-    with running_judge(usage_script) as judge, api_client(database_url, judge.url, judge_price=PRICE) as c:
+    # Reuse within groups only: the two groups make the same requests, and each must ask once.
+    with (
+        running_judge(usage_script) as judge,
+        api_client(database_url, judge.url, judge_price=PRICE, judge_reuse="group") as c,
+    ):
         body = {"batch_id": "b", "groups": [twins_group("twins", 3), twins_group("pair", 2)]}
         assert c.post("/v1/batches", json=body).status_code == 202
         batch = c.get("/v1/batches/b/advantages", params={"wait": 60}).json()
@@ -184,7 +196,8 @@ def test_a_reused_answer_counts_no_call_and_no_token(database_url: str) -> None:
         assert adv["usage"] == pair["usage"] == TWO_VISIT_CALLS
         # The batch's status sums its groups'.
         assert c.get("/v1/batches/b").json()["usage"] == {
-            **{k: 2 * v for k, v in TWO_VISIT_CALLS.items() if k != "cost_usd"},
+            **{k: 2 * v for k, v in TWO_VISIT_CALLS.items() if k not in ("cost_usd", "cached_prompt_share")},
+            "cached_prompt_share": 0.6,
             "cost_usd": pytest.approx(2 * 0.00284),
         }
         per_rollout = [r["usage"] for r in adv["rollouts"]]
@@ -226,12 +239,14 @@ def test_outcome_judgments_count_in_their_rollouts_usage(database_url: str) -> N
     with running_judge(usage_script) as judge, api_client(database_url, judge.url) as c:
         adv = scored(c, doc)
         assert [judge.count(k) for k in ("visit", "rubric", "citation")] == [2, 2, 1]
-    zero = {"estimated_prompt_tokens": 0, "cost_usd": None}
+    zero = {"estimated_prompt_tokens": 0, "reused": 0, "cost_usd": None}
     assert {r["id"]: r["usage"] for r in adv["rollouts"]} == {
         "a": {"calls": 3, "judgments": 3, "prompt_tokens": 2000, "completion_tokens": 60, "cached_prompt_tokens": 600}
-        | zero,
+        | zero
+        | {"cached_prompt_share": 0.3},
         "b": {"calls": 2, "judgments": 2, "prompt_tokens": 1500, "completion_tokens": 50, "cached_prompt_tokens": 600}
-        | zero,
+        | zero
+        | {"cached_prompt_share": 0.4},
     }
     assert (
         adv["usage"]
@@ -241,6 +256,7 @@ def test_outcome_judgments_count_in_their_rollouts_usage(database_url: str) -> N
             "prompt_tokens": 3500,
             "completion_tokens": 110,
             "cached_prompt_tokens": 1200,
+            "cached_prompt_share": pytest.approx(1200 / 3500),
         }
         | zero
     )
@@ -270,6 +286,8 @@ def test_a_call_cut_off_by_its_timeout_counts_estimated_prompt_tokens(database_u
             "completion_tokens": 40,
             "cached_prompt_tokens": 600,
             "estimated_prompt_tokens": estimate,
+            "reused": 0,
+            "cached_prompt_share": pytest.approx(600 / (estimate + 1000)),
             "cost_usd": None,
         }
         attempts = judgment(c.get("/v1/groups/slow/credits").json(), "a", 0, "R1")["attempts"]
@@ -280,7 +298,11 @@ def test_a_call_cut_off_by_its_timeout_counts_estimated_prompt_tokens(database_u
 
 
 def test_a_runs_steps_carry_usage_in_all_and_per_trajectory_and_the_run_its_workload_row(database_url: str) -> None:
-    with running_judge(usage_script) as judge, api_client(database_url, judge.url, judge_price=PRICE) as c:
+    # Reuse within groups only: step 1 posts the same group twice, and each must ask the judge.
+    with (
+        running_judge(usage_script) as judge,
+        api_client(database_url, judge.url, judge_price=PRICE, judge_reuse="group") as c,
+    ):
         scored(c, hand_worked_group(group_id="s1", metadata={"run": "usage", "step": 1}))
         scored(c, twins_group("s2", 3, metadata={"run": "usage", "step": 2}))
         # A group of step 1 that fails (b's visit never gets a usable R2 answer, and
@@ -293,7 +315,8 @@ def test_a_runs_steps_carry_usage_in_all_and_per_trajectory_and_the_run_its_work
         run = c.get("/v1/runs/usage").json()
     one, two = run["steps"]
     assert one["usage"] == {
-        **{k: 2 * v for k, v in USAGE_GROUP.items() if k != "cost_usd"},
+        **{k: 2 * v for k, v in USAGE_GROUP.items() if k not in ("cost_usd", "cached_prompt_share")},
+        "cached_prompt_share": pytest.approx(6000 / 17200),
         "cost_usd": pytest.approx(2 * 0.014668),
     }
     # Per trajectory: the done group's usage over its 2 trajectories.
@@ -304,6 +327,8 @@ def test_a_runs_steps_carry_usage_in_all_and_per_trajectory_and_the_run_its_work
         "completion_tokens": 123.0,
         "cached_prompt_tokens": 1500.0,
         "estimated_prompt_tokens": 0.0,
+        "reused": 0.0,
+        "cached_prompt_share": pytest.approx(3000 / 8600),  # the sums' ratio
         "cost_usd": pytest.approx(0.007334),
     }
     assert one["judge_calls"]["process"] == 16 and one["judge_calls"]["process_per_trajectory"] == 4.0
@@ -315,6 +340,8 @@ def test_a_runs_steps_carry_usage_in_all_and_per_trajectory_and_the_run_its_work
         "completion_tokens": pytest.approx(80 / 3),
         "cached_prompt_tokens": pytest.approx(400.0),
         "estimated_prompt_tokens": 0.0,
+        "reused": 0.0,
+        "cached_prompt_share": 0.6,
         "cost_usd": pytest.approx(0.00284 / 3),
     }
     # The workload row: each step's per-trajectory figure, averaged over the 2 steps.

@@ -77,7 +77,10 @@
       if (j.endpoint) parts.push(" at ", verbatim(j.endpoint));
       parts.push(" · ");
     }
-    if (j.cache_hit) {
+    if (j.prompt_layout) parts.push(num("prompt_layout", "layout " + j.prompt_layout), " · ");
+    if (j.reused) {
+      parts.push(num("reused", "reused from an earlier identical request: no request of its own"));
+    } else if (j.cache_hit) {
       parts.push(num("judge_requests", "no request of its own"));
     } else {
       parts.push(num("judge_requests", D.plural(j.attempts.length, "request")), " · ",
@@ -99,7 +102,10 @@
   function usage(u) {
     return [num("judge_requests", D.plural(u.calls, "request")), " · ",
       num("prompt_tokens", count(u.prompt_tokens) + " prompt tokens"), " (",
-      num("cached_tokens", count(u.cached_prompt_tokens) + " cached"), ") · ",
+      num("cached_tokens", count(u.cached_prompt_tokens) + " cached"),
+      ...(u.cached_prompt_share !== undefined ? [", ", num("cached_share", D.pct(u.cached_prompt_share) + " of them",
+        { "data-value": u.cached_prompt_share === null ? "" : u.cached_prompt_share })] : []), ") · ",
+      ...(u.reused ? [num("reused", count(u.reused) + " reused"), " · "] : []),
       num("completion_tokens", count(u.completion_tokens) + " completion tokens"), " · ",
       num("cost", "cost " + usd(u.cost_usd), { "data-value": u.cost_usd === null ? "" : u.cost_usd })];
   }

@@ -15,7 +15,8 @@
     "level", "prior_support", "judge_calls", "judgments_failed", "unscorable", "component_rubric", "component_format",
     "component_search", "component_cite", "component_length", "weight", "contribution", "r_id", "r_semantic",
     "rubric_score", "rubric_weight", "claim_joint", "claim_pages", "claim_score", "budget", "cumulative", "rate",
-    "judge_requests", "prompt_tokens", "cached_tokens", "completion_tokens", "judge_time", "cost", "answered_by"];
+    "judge_requests", "prompt_tokens", "cached_tokens", "completion_tokens", "judge_time", "cost", "answered_by",
+    "cached_share", "reused", "prompt_layout"];
 
   function rgb(hex) { return [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)); }
 

@@ -10,7 +10,7 @@
   const TERMS = ["step", "run_groups", "groups_done", "trajectories", "process_calls", "outcome_calls", "judgments_failed", "unscorable",
     "latency", "mean_credit", "zero_credit", "advantage_bins", "process_advantage", "budget", "cumulative", "rate",
     "work_steps", "work_trajectories", "process_tasks", "outcome_tasks", "work_latency", "prompt_tokens", "cached_tokens",
-    "completion_tokens", "tokens_per_trajectory", "cost_per_trajectory", "run_cost", "cost",
+    "completion_tokens", "tokens_per_trajectory", "cost_per_trajectory", "run_cost", "cost", "cached_share", "reused",
     "w1", "rmse", "process_sign", "fused_sign", "bound", "level_judgments", "visit_levels_share", "report_scores_share",
     "drift", "drift_flagged", "drift_threshold"];
 
@@ -180,6 +180,8 @@
         cell("mean_credit", fmt(s.mean_credit, 3)), cell("zero_credit", pct(s.zero_credit_share)),
         cell("tokens_per_trajectory", s.usage_per_trajectory
           ? count(s.usage_per_trajectory.prompt_tokens + s.usage_per_trajectory.completion_tokens) : "–"),
+        cell("cached_share", pct(s.usage ? s.usage.cached_prompt_share : null)),
+        cell("reused", s.usage && s.usage.reused !== undefined ? count(s.usage.reused) : "–"),
         cell("cost_per_trajectory", usd(s.usage_per_trajectory ? s.usage_per_trajectory.cost_usd : null)),
         cell("run_cost", usd(s.usage ? s.usage.cost_usd : null)), links,
       ]));

@@ -1,0 +1,99 @@
+"""A judge replica's prefix cache and prefill cost, for the simulated judge (:mod:`bench.judge_sim`).
+
+Modelled on automatic prefix caching as vLLM does it: the prompt (the chat messages in
+order, as a chat template would lay them out) is cut into fixed blocks; each full block
+is keyed by a hash chained on the previous block's key, so a block is found only when
+everything before it is the same. A request reuses the longest run of leading blocks
+already in the cache; the rest is prefilled and its full blocks enter the cache, which
+evicts its least recently used blocks past its capacity. Blocks are ``block_chars``
+characters (256 by default), and tokens are characters // 4, as the simulator counts them.
+
+Prefill costs ``prefill_s_per_token`` seconds per uncached token, and one replica
+prefills one request at a time (its compute is shared: concurrent prefills queue), so an
+uncached page sent eight times costs eight times the time, and a cached one nearly none.
+
+    python -m bench.judge_sim --prefix-cache-blocks 32768 --prefill-us-per-token 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+from collections import OrderedDict
+from typing import Any
+
+CHARS_PER_TOKEN = 4
+
+
+def prompt_text(messages: list[dict[str, Any]]) -> str:
+    """The messages as a chat template would lay them out, role marks included."""
+    return "".join(f"<|{m.get('role', '')}|>{m.get('content') or ''}<|end|>" for m in messages)
+
+
+class PrefixCache:
+    """One replica's cache of prompt blocks (LRU, bounded) and its prefill lane."""
+
+    def __init__(self, capacity_blocks: int, block_chars: int = 256, prefill_s_per_token: float = 0.0):
+        self.capacity = capacity_blocks
+        self.block_chars = block_chars
+        self.prefill_s_per_token = prefill_s_per_token
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        #: Every block key this replica ever prefilled: what it had to prefill at least once.
+        self._seen: set[bytes] = set()
+        self._lane = asyncio.Lock()
+        self.stats = {"cached_prompt_tokens": 0, "prefilled_tokens": 0, "distinct_prefilled_tokens": 0, "evicted_blocks": 0}
+
+    def admit(self, text: str) -> int:
+        """Look ``text`` up and cache its full blocks; the cached characters at its start."""
+        key = b""
+        cached_blocks = 0
+        hit = True
+        full = len(text) // self.block_chars
+        for i in range(full):
+            block = text[i * self.block_chars : (i + 1) * self.block_chars]
+            key = hashlib.blake2b(key + block.encode(), digest_size=16).digest()
+            if hit and key in self._blocks:
+                self._blocks.move_to_end(key)
+                cached_blocks += 1
+                continue
+            hit = False
+            self._blocks[key] = None
+            if key not in self._seen:
+                self._seen.add(key)
+                self.stats["distinct_prefilled_tokens"] += self.block_chars // CHARS_PER_TOKEN
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+            self.stats["evicted_blocks"] += 1
+        return cached_blocks * self.block_chars
+
+    async def prefill(self, messages: list[dict[str, Any]], prompt_tokens: int) -> int:
+        """Serve a request's prompt: its cached tokens, after the prefill of the rest (queued
+        behind the replica's other prefills)."""
+        cached = min(prompt_tokens, self.admit(prompt_text(messages)) // CHARS_PER_TOKEN)
+        uncached = prompt_tokens - cached
+        self.stats["cached_prompt_tokens"] += cached
+        self.stats["prefilled_tokens"] += uncached
+        if self.prefill_s_per_token > 0 and uncached > 0:
+            async with self._lane:
+                await asyncio.sleep(uncached * self.prefill_s_per_token)
+        return cached
+
+    def reset(self) -> None:
+        """Zero the counters (the cache itself stays warm, as a server's does between steps)."""
+        for key in self.stats:
+            self.stats[key] = 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--prefix-cache-blocks", type=int, default=0, help="blocks of a prefix cache (0: no cache, no prefill cost)"
+    )
+    parser.add_argument("--prefix-block-chars", type=int, default=256)
+    parser.add_argument("--prefill-us-per-token", type=float, default=0.0, help="prefill time per uncached token")
+
+
+def from_args(args: argparse.Namespace) -> PrefixCache | None:
+    if args.prefix_cache_blocks <= 0:
+        return None
+    return PrefixCache(args.prefix_cache_blocks, args.prefix_block_chars, args.prefill_us_per_token / 1e6)
