@@ -42,7 +42,12 @@ class PrefixCache:
         #: Every block key this replica ever prefilled: what it had to prefill at least once.
         self._seen: set[bytes] = set()
         self._lane = asyncio.Lock()
-        self.stats = {"cached_prompt_tokens": 0, "prefilled_tokens": 0, "distinct_prefilled_tokens": 0, "evicted_blocks": 0}
+        self.stats = {
+            "cached_prompt_tokens": 0,
+            "prefilled_tokens": 0,
+            "distinct_prefilled_tokens": 0,
+            "evicted_blocks": 0,
+        }
 
     def admit(self, text: str) -> int:
         """Look ``text`` up and cache its full blocks; the cached characters at its start."""

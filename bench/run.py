@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--sigma", type=float, default=0.0, help="lognormal sigma of the judge latency (0: fixed)")
-    parser.add_argument("--page-tokens", type=int, default=2000)
+    parser.add_argument("--page-tokens", type=int, default=1500, help="tokens of a page's evidence (characters / 4)")
     parser.add_argument("--visit-workers", type=int, default=2)
     parser.add_argument(
         "--concurrency",

@@ -1,7 +1,9 @@
 """A seeded training step with realistic shapes (default 32 groups x 8 rollouts).
 
 Per group: 5-8 rubrics (a penalty item in about half the groups) and a pool of web pages
-of about 2,000 tokens each carrying fact tags ``{Fn}`` the simulated judge reads. A
+of about 1,500 tokens each (``page_tokens``, counted as the simulated judge counts them:
+characters / 4; extracted page text is cut near 2,048 tokens) carrying fact tags ``{Fn}``
+the simulated judge reads. A
 rollout has 4-18 research turns, about half of them visits; about one rollout in seven
 stops at the turn limit (18 research turns, no answer turn).
 
@@ -44,6 +46,16 @@ UNSEEN_VISIT_RATE = 0.1
 TURN_LIMIT = 18
 
 
+#: Characters a word of the page text takes on average, its space included: the words a
+#: page needs for its tokens.
+_WORD_CHARS = sum(len(w) for w in WORDS) / len(WORDS) + 1
+
+
+def page_words(tokens: int) -> int:
+    """Words of about ``tokens`` tokens at 4 characters a token."""
+    return max(1, round(tokens * 4 / _WORD_CHARS))
+
+
 def _text(rng: random.Random, words: int, facts: list[int] | None = None) -> str:
     body = [rng.choice(WORDS) for _ in range(words)]
     for fact in facts or ():
@@ -79,7 +91,7 @@ def make_group(
     seed: int,
     group_id: str,
     rollouts: int = 8,
-    page_tokens: int = 2000,
+    page_tokens: int = 1500,
     page_failure_rate: float = PAGE_FAILURE_RATE,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
@@ -92,7 +104,7 @@ def make_group(
                 "url": f"https://source{u}.example.org/{seed}/article-{u}",
                 "title": f"Article {u}",
                 "snippet": _text(rng, 30, facts[:1] if rng.random() < 0.4 else []),
-                "evidence": _text(rng, int(page_tokens * 0.75), facts),
+                "evidence": _text(rng, page_words(page_tokens), facts),
                 "summary": _text(rng, 40, facts[:1]),
             }
         )
@@ -185,7 +197,7 @@ def make_step(
     groups: int = 32,
     rollouts: int = 8,
     seed: int = 0,
-    page_tokens: int = 2000,
+    page_tokens: int = 1500,
     page_failure_rate: float = PAGE_FAILURE_RATE,
 ) -> list[dict[str, Any]]:
     return [

@@ -28,6 +28,7 @@ from openai import AsyncOpenAI
 from drcredit.judges.attempts import Attempt, AttemptPlan
 from drcredit.judges.base import Completion, FatalJudgeError, Judge, Prompt, RetryableError, RetryPolicy
 from drcredit.judges.context import MIN_ANSWER_TOKENS, TokenRatio, overflow_of, too_long
+from drcredit.judges.fleet.affinity import CALL_AFFINITY, affinity_key, slot_of
 from drcredit.judges.fleet.endpoints import EndpointConfig, parse_endpoints
 from drcredit.judges.fleet.rates import RateLimits, read_headers
 from drcredit.judges.fleet.router import AllEndpointsDown, Endpoint, Fleet, Lease
@@ -92,6 +93,8 @@ class OpenAIJudge(Judge):
         #: Per endpoint: the structured output it takes (``auto`` until a 400 names it).
         self._formats: dict[str, ResponseFormat] = {e.url: response_format for e in self.endpoints}
         self._ratios: dict[str, TokenRatio] = {e.url: TokenRatio() for e in self.endpoints}
+        #: Per endpoint: this process's calls in flight on each llama.cpp slot it named.
+        self._slots_busy: dict[str, dict[int, int]] = {}
         #: One client (and connection pool) per event loop and endpoint.
         self._clients: dict[tuple[asyncio.AbstractEventLoop, str], AsyncOpenAI] = {}
         self._pacers: dict[tuple[asyncio.AbstractEventLoop, str], ConnectPacer] = {}
@@ -163,7 +166,17 @@ class OpenAIJudge(Judge):
     # ------------------------------------------------------------------ one attempt
 
     async def acomplete(self, prompt: Prompt, plan: AttemptPlan) -> Completion:
-        """One attempt: over the fleet until an endpoint answers or every one refused."""
+        """One attempt: over the fleet until an endpoint answers or every one refused.
+        Calls sharing a prompt prefix are steered to one replica (and slot) where they
+        can (:mod:`drcredit.judges.fleet.affinity`)."""
+        key = affinity_key(prompt.shared_prefix) if prompt.shared_chars else None
+        token = CALL_AFFINITY.set(key)
+        try:
+            return await self._acomplete(prompt, plan, key)
+        finally:
+            CALL_AFFINITY.reset(token)
+
+    async def _acomplete(self, prompt: Prompt, plan: AttemptPlan, key: str | None) -> Completion:
         failed: frozenset[str] = frozenset()
         limited_since: float | None = None
         began = time.monotonic()
@@ -187,7 +200,7 @@ class OpenAIJudge(Judge):
             started = time.monotonic()
             hold_off = 0.0
             try:
-                completion, answered_in = await self._exchange(lease, prompt, plan)
+                completion, answered_in = await self._exchange(lease, prompt, plan, key)
                 # Everything but the answering exchange's own time was spent on this side.
                 return replace(completion, waited_s=max(0.0, time.monotonic() - began - answered_in))
             except RateLimited as exc:
@@ -222,7 +235,9 @@ class OpenAIJudge(Judge):
             estimated=prompt_tokens > 0,
         )
 
-    async def _exchange(self, lease: Lease, prompt: Prompt, plan: AttemptPlan) -> tuple[Completion, float]:
+    async def _exchange(
+        self, lease: Lease, prompt: Prompt, plan: AttemptPlan, key: str | None = None
+    ) -> tuple[Completion, float]:
         """Send to the leased endpoint, resending at once when its 400 says how to fix
         the request (no structured output; less room for the answer). Returns the answer
         and the seconds the server took over it (the connection turn waited for left out)."""
@@ -256,13 +271,21 @@ class OpenAIJudge(Judge):
             wanted_format = response_format(self._formats[config.url], prompt)
             started = time.monotonic()
             try:
-                with turn_waits() as queued:
-                    raw, headers = await post_chat(
-                        self._client(config),
-                        config,
-                        self._body(messages, plan.temperature, max_tokens, wanted_format),
-                        self.timeout_s,
-                    )
+                slot = self._slot(e, key)
+                busy = self._slots_busy.setdefault(config.url, {})
+                if slot is not None:
+                    busy[slot] = busy.get(slot, 0) + 1
+                try:
+                    with turn_waits() as queued:
+                        raw, headers = await post_chat(
+                            self._client(config),
+                            config,
+                            self._body(messages, plan.temperature, max_tokens, wanted_format, slot),
+                            self.timeout_s,
+                        )
+                finally:
+                    if slot is not None:
+                        busy[slot] -= 1
             except BadRequest as exc:
                 self.fleet.answered(lease, None)
                 overflow = overflow_of(exc.body, str(exc))
@@ -312,6 +335,7 @@ class OpenAIJudge(Judge):
         temperature: float,
         max_tokens: int,
         wanted_format: dict[str, Any] | None,
+        slot: int | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
@@ -321,8 +345,26 @@ class OpenAIJudge(Judge):
         }
         if wanted_format is not None:
             body["response_format"] = wanted_format
+        if slot is not None:
+            # llama.cpp: the slot whose prompt cache holds this call's shared prefix.
+            body["id_slot"] = slot
+            body["cache_prompt"] = True
         body.update(self.extra_body)
         return body
+
+    def _slot(self, e: Endpoint, key: str | None) -> int | None:
+        """The llama.cpp slot for a call with affinity ``key`` (None: the server picks),
+        only where the server said how many slots it has: the key's slot, or when this
+        process already has a call there, a free one (a named slot that is busy makes the
+        server hold the call until it frees, while another slot idles)."""
+        preferred = slot_of(key, e.record.slots)
+        if preferred is None:
+            return None
+        busy = self._slots_busy.setdefault(e.url, {})
+        if busy.get(preferred, 0) == 0:
+            return preferred
+        free = [k for k in range(e.record.slots or 0) if busy.get(k, 0) == 0]
+        return free[0] if free else None
 
     async def _health_check(self, e: EndpointConfig) -> str | None:
         return await self.facts.health_check(e)

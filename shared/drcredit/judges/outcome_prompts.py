@@ -95,7 +95,8 @@ def rubric_prompt(request: RubricJudgeRequest, layout: PromptLayout = DEFAULT_LA
         "report": request.report,
         "answer_format": {"score": "0 | 1 | 2 | 3 | 4 (integer)", "rationale": "one sentence"},
     }
-    return Prompt("rubric", RUBRIC_SYSTEM, render("rubric", layout, parts), "rubric_score", RUBRIC_SCHEMA, layout)
+    user, shared = render("rubric", layout, parts)
+    return Prompt("rubric", RUBRIC_SYSTEM, user, "rubric_score", RUBRIC_SCHEMA, layout, shared)
 
 
 def citation_prompt(request: CitationJudgeRequest, layout: PromptLayout = DEFAULT_LAYOUT) -> Prompt:
@@ -104,6 +105,5 @@ def citation_prompt(request: CitationJudgeRequest, layout: PromptLayout = DEFAUL
         "cited_pages": [{"url": url, "evidence": evidence} for url, evidence in request.pages],
         "answer_format": {"score": "0 | 1 | 2 (integer)", "rationale": "one sentence"},
     }
-    return Prompt(
-        "citation", CITATION_SYSTEM, render("citation", layout, parts), "claim_support", CITATION_SCHEMA, layout
-    )
+    user, shared = render("citation", layout, parts)
+    return Prompt("citation", CITATION_SYSTEM, user, "claim_support", CITATION_SCHEMA, layout, shared)

@@ -57,9 +57,30 @@ def check_layout(name: str) -> PromptLayout:
     return name  # type: ignore[return-value]
 
 
-def render(kind: str, layout: PromptLayout, parts: dict[str, Any]) -> str:
-    """The user message: ``parts`` as one compact JSON document in ``layout``'s order."""
-    return _dump({key: parts[key] for key in ORDERS[kind][layout]})
+#: The parts a set of calls shares, by kind: the question and a visit (every rubric call
+#: of the visit), a report (its rubric calls), the group's rubrics (its snippet calls), a
+#: claim (its joint and per-page calls).
+SHARED_PARTS: dict[str, frozenset[str]] = {
+    "visit": frozenset({"question", "visit"}),
+    "rubric": frozenset({"question", "report"}),
+    "snippet": frozenset({"question", "rubric_items"}),
+    "citation": frozenset({"claim"}),
+}
+
+
+def render(kind: str, layout: PromptLayout, parts: dict[str, Any]) -> tuple[str, int]:
+    """The user message, ``parts`` as one compact JSON document in ``layout``'s order, and
+    the length of its start that the kind's set of calls shares (its leading shared parts:
+    what routing keeps on one replica, :mod:`drcredit.judges.fleet.affinity`)."""
+    order = ORDERS[kind][layout]
+    text = _dump({key: parts[key] for key in order})
+    leading: list[str] = []
+    for key in order:
+        if key not in SHARED_PARTS[kind]:
+            break
+        leading.append(key)
+    shared = len(_dump({key: parts[key] for key in leading})) - 1 if leading else 0  # without its closing brace
+    return text, shared
 
 
 VISIT_SYSTEM = """\
@@ -233,7 +254,8 @@ def visit_prompt(request: VisitJudgeRequest, layout: PromptLayout = DEFAULT_LAYO
             "rationale": "one or two sentences",
         },
     }
-    return Prompt("visit", VISIT_SYSTEM, render("visit", layout, parts), "visit_judgment", VISIT_SCHEMA, layout)
+    user, shared = render("visit", layout, parts)
+    return Prompt("visit", VISIT_SYSTEM, user, "visit_judgment", VISIT_SCHEMA, layout, shared)
 
 
 def snippet_prompt(request: SnippetJudgeRequest, layout: PromptLayout = DEFAULT_LAYOUT) -> Prompt:
@@ -251,6 +273,5 @@ def snippet_prompt(request: SnippetJudgeRequest, layout: PromptLayout = DEFAULT_
             ]
         },
     }
-    return Prompt(
-        "snippet", SNIPPET_SYSTEM, render("snippet", layout, parts), "snippet_matches", SNIPPET_SCHEMA, layout
-    )
+    user, shared = render("snippet", layout, parts)
+    return Prompt("snippet", SNIPPET_SYSTEM, user, "snippet_matches", SNIPPET_SCHEMA, layout, shared)

@@ -72,6 +72,13 @@ class Prompt:
     schema: dict[str, Any]
     #: The layout the user message was rendered in (drcredit.judges.prompts.LAYOUTS).
     layout: str = "shared-first-v1"
+    #: Characters at the start of ``user`` that the request's set of calls shares (a
+    #: visit's rubric calls: question and visit), where routing keeps them together.
+    shared_chars: int = 0
+
+    @property
+    def shared_prefix(self) -> str:
+        return self.system + "\x00" + self.user[: self.shared_chars]
 
     @property
     def messages(self) -> list[dict[str, str]]:

@@ -32,6 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from drcredit.judges.fleet import limits
+from drcredit.judges.fleet.affinity import CALL_AFFINITY, Affinities, steer
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.learning import Learning
 from drcredit.judges.fleet.rates import RateLimits
@@ -78,6 +79,8 @@ class Fleet(Learning, Sharing):
         #: Called with (endpoint, up) when an endpoint leaves or rejoins the rotation.
         self.listeners: list[Callable[[Endpoint, bool], None]] = []
         self.prober = prober
+        #: The affinity keys of waiting calls (calls sharing a prompt prefix, one replica).
+        self.affinities = Affinities()
 
     @property
     def demand(self) -> int:
@@ -97,8 +100,9 @@ class Fleet(Learning, Sharing):
         """
         await self._started()
         special = bool(exclude) or force_probe
+        key = CALL_AFFINITY.get()
         if not (self._special if special else self._waiters):
-            lease = self._place(exclude, force_probe)
+            lease = self._place(exclude, force_probe, key=key)
             if lease is not None:
                 return lease
         if not self._candidates_alive(exclude, force_probe):
@@ -110,6 +114,7 @@ class Fleet(Learning, Sharing):
             asyncio.get_running_loop().create_future(),
         )
         heapq.heappush(self._special if special else self._waiters, waiter)
+        self.affinities.remember(waiter.rank, key)
         self._waiting += 1
         self._wake_sync.set()
         self._dispatch()
@@ -122,6 +127,7 @@ class Fleet(Learning, Sharing):
             raise
         finally:
             self._waiting -= 1
+            self.affinities.forget(waiter.rank)
 
     def takes_calls(self, *, exclude: frozenset[str] = frozenset()) -> bool:
         """Whether an endpoint outside ``exclude`` is in the rotation."""
@@ -136,7 +142,9 @@ class Fleet(Learning, Sharing):
             for e in self.endpoints
         )
 
-    def _place(self, exclude: frozenset[str], force_probe: bool, ahead: int = 0) -> Lease | None:
+    def _place(
+        self, exclude: frozenset[str], force_probe: bool, ahead: int = 0, key: str | None = None
+    ) -> Lease | None:
         """Take a place for a call now, or None when it should wait.
 
         ``ahead``: plain calls placed before this one. Each endpoint is scored by when it
@@ -148,22 +156,28 @@ class Fleet(Learning, Sharing):
                 if e.url not in exclude and not e.health.up and not e.health.probing:
                     e.health.start_probe()
                     return self._lease(e, probe=True)
-        best = self._choose(exclude, ahead)
+        best = self._choose(exclude, ahead, key)
         return None if best is None else self._lease(best, probe=False)
 
-    def _choose(self, exclude: frozenset[str], ahead: int) -> Endpoint | None:
-        """The endpoint with room a call should take now; None: it should wait."""
+    def _choose(self, exclude: frozenset[str], ahead: int, key: str | None = None) -> Endpoint | None:
+        """The endpoint with room a call should take now; None: it should wait. A call
+        with an affinity ``key`` is steered to its prefix's replica within bounds
+        (:func:`~drcredit.judges.fleet.affinity.steer`)."""
         now = self._clock()
         best: Endpoint | None = None
         best_time = math.inf
         fallback = self._typical_pace()
+        scored: list[tuple[Endpoint, float]] = []
         for e in self.endpoints:
             if e.url in exclude or not e.health.up or e.cool_until > now:
                 continue
             expected = self._expected(e, ahead, fallback)
+            scored.append((e, expected))
             if expected < best_time:
                 best, best_time = e, expected
-        return None if best is None or best.in_flight >= best.share else best
+        if best is None or best.in_flight >= best.share:
+            return None
+        return steer(key, scored, best)
 
     @staticmethod
     def _expected(e: Endpoint, ahead: int, fallback: float) -> float:
@@ -219,7 +233,7 @@ class Fleet(Learning, Sharing):
         """Place a waiting call, or fail it when nothing can take it; False: it waits on."""
         if waiter.future.done():
             return True
-        lease = self._place(waiter.exclude, waiter.force_probe)
+        lease = self._place(waiter.exclude, waiter.force_probe, key=self.affinities.of(waiter.rank))
         if lease is not None:
             waiter.future.set_result(lease)
             return True

@@ -1,0 +1,91 @@
+"""Calls sharing a prompt prefix go to one replica: a consistent hash with bounded load
+(drcredit.judges.fleet.affinity), each rule checked on endpoints built here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from drcredit.judges.fleet.affinity import CALL_AFFINITY, LOAD_BOUND, rendezvous, slot_of, steer
+from drcredit.judges.fleet.endpoints import EndpointConfig
+from drcredit.judges.fleet.router import Fleet
+from drcredit.judges.fleet.state import Endpoint
+
+URLS = [f"http://judge-{k}:8000/v1" for k in range(3)]
+
+
+def endpoints(n: int = 3, share: int = 100) -> list[Endpoint]:
+    out = [Endpoint(EndpointConfig(u)) for u in URLS[:n]]
+    for e in out:
+        e.fraction = share / e.limit  # a share of `share` calls in flight
+    return out
+
+
+def test_a_key_always_goes_to_the_same_replica_and_keys_spread_evenly() -> None:
+    es = endpoints()
+    scored = [(e, 1.0) for e in es]
+    picks = Counter(steer(f"visit-{k}", scored, es[0]).url for k in range(3000))  # type: ignore[union-attr]
+    assert all(steer("visit-7", scored, es[0]) is steer("visit-7", scored, es[2]) for _ in range(5))
+    # 3,000 keys over 3 equal replicas: each within 10% of 1,000.
+    assert set(picks) == set(URLS) and all(900 <= n <= 1100 for n in picks.values())
+
+
+def test_a_replica_leaving_moves_only_its_own_keys() -> None:
+    es = endpoints()
+    before = {k: rendezvous(f"k{k}", es)[0].url for k in range(600)}
+    after = {k: rendezvous(f"k{k}", es[:2])[0].url for k in range(600)}
+    moved = {k for k in before if before[k] != after[k]}
+    assert moved == {k for k in before if before[k] == URLS[2]}
+
+
+def test_no_replica_takes_more_than_its_bounded_share_of_the_calls_in_flight() -> None:
+    es = endpoints(2)
+    key = next(f"k{k}" for k in range(100) if rendezvous(f"k{k}", es)[0] is es[0])
+    # 10 calls in flight, all on the key's replica: with this call 11, its share is 5.5,
+    # bounded at 1.25 x 5.5 = 6.875 calls: a call more would be 11 > 6.875, so the other takes it.
+    es[0].in_flight = 10
+    assert steer(key, [(e, 1.0) for e in es], es[1]) is es[1]
+    # 5 there and 1 on the other: 7 with this call, 1.25 x 3.5 = 4.375 < 6: still the other.
+    es[0].in_flight, es[1].in_flight = 5, 1
+    assert steer(key, [(e, 1.0) for e in es], es[1]) is es[1]
+    # 2 there and 2 on the other: 5 with it, 1.25 x 2.5 = 3.125 >= 3: the key's replica.
+    es[0].in_flight, es[1].in_flight = 2, 2
+    assert steer(key, [(e, 1.0) for e in es], es[1]) is es[0]
+    assert LOAD_BOUND == 1.25
+
+
+def test_a_replica_answering_much_later_than_the_best_is_not_preferred() -> None:
+    es = endpoints(2)
+    key = next(f"k{k}" for k in range(100) if rendezvous(f"k{k}", es)[0] is es[0])
+    assert steer(key, [(es[0], 1.3), (es[1], 1.0)], es[1]) is es[1]  # 1.3 > 1.25 x 1.0
+    assert steer(key, [(es[0], 1.2), (es[1], 1.0)], es[1]) is es[0]
+    full = endpoints(2, share=1)
+    full[0].in_flight = 1
+    assert steer(key, [(e, 1.0) for e in full], full[1]) is full[1]  # no room on it
+    assert steer(None, [(e, 1.0) for e in es], es[1]) is es[1]  # no key: the router's choice
+
+
+def test_the_fleet_places_calls_of_one_prefix_on_one_replica() -> None:
+    async def run() -> Counter[str]:
+        fleet = Fleet([EndpointConfig(u) for u in URLS[:2]])
+        placed: Counter[str] = Counter()
+        try:
+            for k in range(40):
+                CALL_AFFINITY.set("visit-a" if k % 2 else "visit-b")
+                lease = await fleet.acquire()
+                placed[f"{CALL_AFFINITY.get()}@{lease.endpoint.url}"] += 1
+                fleet.release(lease)
+        finally:
+            await fleet.aclose()
+        return placed
+
+    placed = asyncio.run(run())
+    assert sorted(placed.values()) == [20, 20]  # each prefix on one replica only
+    assert len({k.split("@")[1] for k in placed}) == 2  # and the two prefixes on different ones here
+
+
+def test_llama_slots_by_key_only_where_the_server_has_several() -> None:
+    assert slot_of("k", None) is None and slot_of("k", 1) is None and slot_of(None, 4) is None
+    slots = Counter(slot_of(f"k{k}", 2) for k in range(1000))
+    assert set(slots) == {0, 1} and all(400 <= n <= 600 for n in slots.values())
+    assert slot_of("visit-9", 4) == slot_of("visit-9", 4)
