@@ -93,8 +93,9 @@ class OpenAIJudge(Judge):
         #: Per endpoint: the structured output it takes (``auto`` until a 400 names it).
         self._formats: dict[str, ResponseFormat] = {e.url: response_format for e in self.endpoints}
         self._ratios: dict[str, TokenRatio] = {e.url: TokenRatio() for e in self.endpoints}
-        #: Per endpoint: this process's calls in flight on each llama.cpp slot it named.
-        self._slots_busy: dict[str, dict[int, int]] = {}
+        #: Per endpoint: this process's calls in flight on each llama.cpp slot it named,
+        #: and the affinity key of the last one sent there.
+        self._slots_busy: dict[str, dict[int, tuple[int, str | None]]] = {}
         #: One client (and connection pool) per event loop and endpoint.
         self._clients: dict[tuple[asyncio.AbstractEventLoop, str], AsyncOpenAI] = {}
         self._pacers: dict[tuple[asyncio.AbstractEventLoop, str], ConnectPacer] = {}
@@ -274,7 +275,7 @@ class OpenAIJudge(Judge):
                 slot = self._slot(e, key)
                 busy = self._slots_busy.setdefault(config.url, {})
                 if slot is not None:
-                    busy[slot] = busy.get(slot, 0) + 1
+                    busy[slot] = (busy.get(slot, (0, None))[0] + 1, key)
                 try:
                     with turn_waits() as queued:
                         raw, headers = await post_chat(
@@ -285,7 +286,8 @@ class OpenAIJudge(Judge):
                         )
                 finally:
                     if slot is not None:
-                        busy[slot] -= 1
+                        calls, holder = busy[slot]
+                        busy[slot] = (calls - 1, holder)
             except BadRequest as exc:
                 self.fleet.answered(lease, None)
                 overflow = overflow_of(exc.body, str(exc))
@@ -354,17 +356,19 @@ class OpenAIJudge(Judge):
 
     def _slot(self, e: Endpoint, key: str | None) -> int | None:
         """The llama.cpp slot for a call with affinity ``key`` (None: the server picks),
-        only where the server said how many slots it has: the key's slot, or when this
-        process already has a call there, a free one (a named slot that is busy makes the
-        server hold the call until it frees, while another slot idles)."""
+        only where the server said how many slots it has. The key's slot when it is free
+        or busy with the same prefix (the server holds the call until the slot frees, and
+        then has the prefix cached); when another prefix holds it, a free slot, so one
+        slot does not queue calls while another idles."""
         preferred = slot_of(key, e.record.slots)
         if preferred is None:
             return None
         busy = self._slots_busy.setdefault(e.url, {})
-        if busy.get(preferred, 0) == 0:
+        calls, holder = busy.get(preferred, (0, None))
+        if calls == 0 or holder == key:
             return preferred
-        free = [k for k in range(e.record.slots or 0) if busy.get(k, 0) == 0]
-        return free[0] if free else None
+        free = [k for k in range(e.record.slots or 0) if busy.get(k, (0, None))[0] == 0]
+        return free[0] if free else preferred
 
     async def _health_check(self, e: EndpointConfig) -> str | None:
         return await self.facts.health_check(e)

@@ -85,7 +85,7 @@ class Prompt:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
 
     def digest(self, model: str, sampling: dict[str, Any]) -> str:
-        """What makes two requests identical (SPEC-free summary in docs/judges.md, "Reuse"):
+        """What makes two requests identical (docs/judges.md, "Reuse"):
         the model, the messages, the structured-output schema and every sampling parameter
         that reaches the server (``sampling``: temperature, the answer's token limit, the
         response format mode, the extra body with top_p, seed, ...). One key serves both
