@@ -101,7 +101,8 @@ def test_prompt_is_static_first_and_marks_page_text_as_data() -> None:
     assert visit_call.request["messages"][0] == {"role": "system", "content": VISIT_SYSTEM}
     assert snippet_call.request["messages"][0] == {"role": "system", "content": SNIPPET_SYSTEM}
     keys = list(visit_call.document)
-    assert keys[:4] == ["question", "rubric_item", "support_already_credited", "visit"]
+    # shared-first-v1: what every rubric call of the visit shares, then the rubric and its history.
+    assert keys[:4] == ["question", "visit", "rubric_item", "support_already_credited"]
     assert visit_call.document["support_already_credited"] == ["earlier point"]
     assert visit_call.document["rubric_item"]["reference_facts"] == ["opened 2019"]
     # Only usable pages are shown; the failed page's text never reaches the judge.

@@ -186,3 +186,19 @@ def test_bad_reuse_or_layout_settings_refuse_to_start() -> None:
         Settings(judge_reuse_max_age_s=0)
     with pytest.raises(ValueError, match="judge_reuse_max_entries"):
         Settings(judge_reuse_max_entries=0)
+
+
+def test_an_audit_never_reuses(database_url: str, marker_judge: JudgeServer) -> None:
+    # The audit judge is the main judge itself (same endpoint, model and settings): its
+    # requests are identical to the stored answers', and it must ask them all again.
+    with api_client(database_url, marker_judge.url, audit_judges={"again": {}}) as client:
+        doc = group("audited")
+        doc["metadata"] = {"run": "exp", "step": 1}
+        scored(client, doc)
+        scored(client, {**doc, "group_id": "audited-2"})  # answered from the store
+        asked = marker_judge.count()
+        r = client.post("/v1/audits", json={"judge": "again", "scope": {"group_ids": ["audited"]}})
+        assert r.status_code == 202, r.text
+        report = client.get(f"/v1/audits/{r.json()['audit_id']}", params={"wait": 60}).json()
+        assert report["status"] == "done"
+        assert report["usage"]["calls"] == marker_judge.count() - asked == asked

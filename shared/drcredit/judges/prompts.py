@@ -54,7 +54,7 @@ def check_layout(name: str) -> PromptLayout:
     """``name`` as a layout; ValueError naming the setting and the layouts otherwise."""
     if name not in LAYOUTS:
         raise ValueError(f"DRCREDIT_JUDGE_PROMPT_LAYOUT: unknown layout {name!r} (allowed: {', '.join(LAYOUTS)})")
-    return name  # type: ignore[return-value]
+    return name
 
 
 #: The parts a set of calls shares, by kind: the question and a visit (every rubric call

@@ -103,7 +103,7 @@ class JudgeCalls:
             if hit is not None:
                 metrics.JUDGE_REUSED.labels(prompt.kind).inc()
                 self.engine.start_order.call_ended()  # no call: nothing to learn, nobody to hold
-                return hit  # type: ignore[return-value]
+                return hit
         with self.outages.judging(group_pk):
             result = await call()
         if reuse is not None and self.store is not None:
