@@ -41,6 +41,10 @@ ReuseMode = Literal["tenant", "group", "off"]
 
 #: Prune the store at most this often (per process).
 PRUNE_EVERY_S = 60.0
+#: A store that cannot be read is said so in the log at most this often.
+WARN_EVERY_S = 60.0
+#: Groups whose tenant a process remembers (a group's tenant never changes).
+TENANTS_KEPT = 100_000
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class ReuseStore:
         self._saves: dict[tuple[str, str], dict[str, Any]] = {}
         self._saving: asyncio.Task[None] | None = None
         self._pruned_at = 0.0
+        self._warned_at = -WARN_EVERY_S
 
     # ------------------------------------------------------------------ lookups
 
@@ -126,8 +131,8 @@ class ReuseStore:
                 if self._asking is None or self._asking.done():
                     self._asking = asyncio.ensure_future(self._ask_pending())
             row = await asyncio.shield(future)
-        except Exception as exc:  # the store is an optimisation: never a failed judgment
-            log.warning("the judge reuse store could not be read (asking the judge): %s", exc, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - an optimisation: never a failed judgment (logged)
+            self._warn("the judge reuse store could not be read (asking the judge): %s", exc)
             return None
         if row is None or row["kind"] != kind:
             return None
@@ -147,6 +152,8 @@ class ReuseStore:
         tenant = self._tenants.get(group_pk)
         if tenant is None:
             tenant = await self._run_db(self._read_tenant, group_pk)
+            if len(self._tenants) >= TENANTS_KEPT:
+                self._tenants.clear()
             self._tenants[group_pk] = tenant
         return tenant
 
@@ -196,8 +203,8 @@ class ReuseStore:
             return
         try:
             tenant = await self._tenant(group_pk)
-        except Exception as exc:
-            log.warning("a judge answer was not kept for reuse: %s", exc, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - logged; the judgment is stored all the same
+            self._warn("a judge answer was not kept for reuse: %s", exc)
             return
         endpoint, served_model = result.answered_by
         self._saves[(tenant, digest)] = {
@@ -229,8 +236,8 @@ class ReuseStore:
                 self._pruned_at = time.monotonic()
             try:
                 await self._run_db(self._write, rows, prune)
-            except Exception as exc:
-                log.warning("%d judge answers were not kept for reuse: %s", len(rows), exc, exc_info=True)
+            except Exception as exc:  # noqa: BLE001 - logged; the judgments are stored all the same
+                self._warn(f"{len(rows)} judge answers were not kept for reuse: %s", exc)
 
     def _write(self, rows: list[dict[str, Any]], prune: bool) -> None:
         with self.db.session() as s:
@@ -240,6 +247,13 @@ class ReuseStore:
             s.execute(insert(m.JudgeAnswer).on_conflict_do_nothing(index_elements=["tenant", "digest"]), rows)
         if prune:
             self.prune()
+
+    def _warn(self, message: str, exc: BaseException) -> None:
+        """Log a failure of the store once a minute at most (a broken store fails every call)."""
+        now = time.monotonic()
+        if now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = now
+            log.warning(message, exc, exc_info=exc)
 
     def prune(self) -> int:
         """Drop answers past the age limit, then the oldest past the size limit; how many went."""
