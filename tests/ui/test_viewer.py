@@ -140,6 +140,9 @@ def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, p
         assert shown(texts[10]) == pytest.approx(u["prompt_tokens"] + u["completion_tokens"], abs=0.05)
         assert shown(texts[11]) == pytest.approx(u["cost_usd"], rel=1e-3)
         assert shown(texts[12]) == pytest.approx(step["usage"]["cost_usd"], rel=1e-3)
+        share = step["usage"]["cached_prompt_share"]
+        assert texts[13] == ("–" if share is None else f"{100 * share:.1f}%")
+        assert shown(texts[14]) == step["usage"]["reused"]
     shot(page, "run-exp-usage")
 
     open_page(page, service, "/ui/groups/g1")
@@ -148,6 +151,9 @@ def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, p
     expect(usage).to_contain_text(f"{adv['usage']['calls']} requests")
     expect(usage).to_contain_text(f"{adv['usage']['prompt_tokens']:,} prompt tokens")
     expect(usage).to_contain_text(f"{adv['usage']['cached_prompt_tokens']:,} cached")
+    share = usage.locator('[data-term="cached_share"]').get_attribute("data-value")
+    assert float(share or "nan") == pytest.approx(adv["usage"]["cached_prompt_share"])
+    expect(usage).to_contain_text(f"{100 * adv['usage']['cached_prompt_share']:.1f}% of prompt tokens cached")
     cost = usage.locator('[data-term="cost"]').get_attribute("data-value")
     assert float(cost or "nan") == adv["usage"]["cost_usd"]
     # Each judgment: who answered it and its tokens (a visit of rollout a judged for R1 and R2).

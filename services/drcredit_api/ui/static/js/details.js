@@ -102,10 +102,10 @@
   function usage(u) {
     return [num("judge_requests", D.plural(u.calls, "request")), " · ",
       num("prompt_tokens", count(u.prompt_tokens) + " prompt tokens"), " (",
-      num("cached_tokens", count(u.cached_prompt_tokens) + " cached"),
-      ...(u.cached_prompt_share !== undefined ? [", ", num("cached_share", D.pct(u.cached_prompt_share) + " of them",
-        { "data-value": u.cached_prompt_share === null ? "" : u.cached_prompt_share })] : []), ") · ",
-      ...(u.reused ? [num("reused", count(u.reused) + " reused"), " · "] : []),
+      num("cached_tokens", count(u.cached_prompt_tokens) + " cached"), ") · ",
+      ...(u.cached_prompt_share !== undefined ? [num("cached_share", D.pct(u.cached_prompt_share) + " of prompt tokens cached",
+        { "data-value": u.cached_prompt_share === null ? "" : u.cached_prompt_share }), " · "] : []),
+      ...(u.reused ? [num("reused", D.plural(u.reused, "judgment") + " reused", { "data-value": u.reused }), " · "] : []),
       num("completion_tokens", count(u.completion_tokens) + " completion tokens"), " · ",
       num("cost", "cost " + usd(u.cost_usd), { "data-value": u.cost_usd === null ? "" : u.cost_usd })];
   }

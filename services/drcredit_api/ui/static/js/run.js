@@ -180,10 +180,10 @@
         cell("mean_credit", fmt(s.mean_credit, 3)), cell("zero_credit", pct(s.zero_credit_share)),
         cell("tokens_per_trajectory", s.usage_per_trajectory
           ? count(s.usage_per_trajectory.prompt_tokens + s.usage_per_trajectory.completion_tokens) : "–"),
-        cell("cached_share", pct(s.usage ? s.usage.cached_prompt_share : null)),
-        cell("reused", s.usage && s.usage.reused !== undefined ? count(s.usage.reused) : "–"),
         cell("cost_per_trajectory", usd(s.usage_per_trajectory ? s.usage_per_trajectory.cost_usd : null)),
-        cell("run_cost", usd(s.usage ? s.usage.cost_usd : null)), links,
+        cell("run_cost", usd(s.usage ? s.usage.cost_usd : null)),
+        cell("cached_share", pct(s.usage ? s.usage.cached_prompt_share : null)),
+        cell("reused", s.usage && s.usage.reused !== undefined ? count(s.usage.reused) : "–"), links,
       ]));
     }
   }
