@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text, update
 
 from drcredit.settings import Settings
@@ -58,6 +59,17 @@ def advantages(doc: dict[str, Any]) -> list[Any]:
     return [(r["id"], r["turns"], r.get("outcome_advantage")) for r in doc["rollouts"]]
 
 
+def reused_metric(client: TestClient) -> dict[str, float]:
+    """drcredit_judge_reused_total by kind (the process's registry: read as differences)."""
+    families = text_string_to_metric_families(client.get("/metrics", headers={"authorization": "Bearer key-a"}).text)
+    return {
+        sample.labels["kind"]: sample.value
+        for family in families
+        for sample in family.samples
+        if sample.name == "drcredit_judge_reused_total"
+    }
+
+
 @pytest.fixture
 def client(database_url: str, marker_judge: JudgeServer) -> Iterator[TestClient]:
     with api_client(database_url, marker_judge.url, api_keys=KEYS) as c:
@@ -68,8 +80,11 @@ def test_a_group_posted_again_under_a_new_id_reuses_every_answer(client: TestCli
     first = scored(client, group("step1"))
     asked = marker_judge.count()
     assert asked > 0 and first["usage"]["reused"] == 0
+    before = reused_metric(client)
     again = scored(client, group("step2"))
     assert marker_judge.count() == asked  # not one call more
+    counted = {k: v - before.get(k, 0.0) for k, v in reused_metric(client).items()}
+    assert counted == {kind: float(marker_judge.count(kind)) for kind in ("visit", "snippet")}
     assert advantages(again) == advantages(first)
     usage = again["usage"]
     judged = [j for j in credits(client, "step2") if j["status"] == "ok"]
