@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 
 from drcredit.judges.fleet.affinity import CALL_AFFINITY, LOAD_BOUND, rendezvous, slot_of, steer
@@ -63,11 +64,15 @@ def test_a_replica_answering_much_later_than_the_best_is_not_preferred() -> None
     full[0].in_flight = 1
     assert steer(key, [(e, 1.0) for e in full], full[1]) is full[1]  # no room on it
     assert steer(None, [(e, 1.0) for e in es], es[1]) is es[1]  # no key: the router's choice
+    unknown = [(es[0], math.inf), (es[1], 1.0)]
+    assert steer(key, unknown, es[1]) is es[1]  # a replica that has not answered yet is not preferred
 
 
 def test_the_fleet_places_calls_of_one_prefix_on_one_replica() -> None:
     async def run() -> Counter[str]:
         fleet = Fleet([EndpointConfig(u) for u in URLS[:2]])
+        for e in fleet.endpoints:
+            e.latency.observe(0.5)  # both have answered, alike: steering only starts then
         placed: Counter[str] = Counter()
         try:
             for k in range(40):

@@ -7,10 +7,11 @@ prefills them once. Each call carries an affinity key, the digest of its shared 
 (:data:`CALL_AFFINITY`, set by the judge for the call); the router asks :func:`steer`
 which endpoint takes it. That is a consistent hash with bounded load: the endpoints in
 the key's rendezvous order (highest random weight: an endpoint leaving moves only its
-own keys), the first that has room, would answer within :data:`LOAD_BOUND` of the
-router's own best choice, and is not above :data:`LOAD_BOUND` x its weighted share of
-the calls in flight. When none qualifies the router's choice stands, so failover, the
-learned limits and a slow replica's smaller share are as without affinity.
+own keys), the first that has room, is no slower than the router's own choice (its
+latency within :data:`LOAD_BOUND` of that one's) and is not above :data:`LOAD_BOUND` x its
+weighted share of the calls in flight. When none qualifies the router's choice stands,
+so failover, the learned limits and a slow replica's smaller share are as without
+affinity.
 
 A llama.cpp server keeps one prompt cache per slot: where its slots are known, the call
 names the slot its key hashes to (``id_slot``, with ``cache_prompt``), so calls sharing a
@@ -20,6 +21,7 @@ prefix meet the slot that holds it.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from contextvars import ContextVar
 
@@ -28,7 +30,8 @@ from drcredit.judges.fleet.state import Endpoint
 #: The affinity key of the call being placed (None: no preference).
 CALL_AFFINITY: ContextVar[str | None] = ContextVar("drcredit_call_affinity", default=None)
 
-#: How far above its share, and how much later than the best, a preferred endpoint may be.
+#: How far above its share of the calls in flight, and how much slower than the router's
+#: choice, a preferred endpoint may be.
 LOAD_BOUND = 1.25
 
 
@@ -47,17 +50,25 @@ def rendezvous(key: str, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
 
 def steer(key: str | None, scored: Sequence[tuple[Endpoint, float]], chosen: Endpoint | None) -> Endpoint | None:
     """The endpoint a call with affinity ``key`` should take, among ``scored`` (each
-    candidate with when it would answer); ``chosen``: the router's own choice, kept
-    when no endpoint of the key qualifies or there is nothing to choose between."""
+    candidate with its pace: its latency per unit of weight, infinite before its first
+    answer); ``chosen``: the router's own choice, kept when no endpoint of the key
+    qualifies or there is nothing to choose between."""
     if key is None or chosen is None or len(scored) < 2:
         return chosen
-    best_time = min(t for _, t in scored)
+    pace = dict((e.url, p) for e, p in scored)
     in_flight = sum(e.in_flight for e, _ in scored) + 1
     weights = sum(e.config.weight for e, _ in scored)
-    expected = dict((e.url, t) for e, t in scored)
     for e in rendezvous(key, [e for e, _ in scored]):
+        if e is chosen:
+            return e
         fair = LOAD_BOUND * in_flight * e.config.weight / weights
-        if e.in_flight < e.share and e.in_flight + 1 <= max(1.0, fair) and expected[e.url] <= LOAD_BOUND * best_time:
+        known = math.isfinite(pace[e.url]) and math.isfinite(pace[chosen.url])  # before an answer: no steering
+        if (
+            known
+            and e.in_flight < e.share
+            and e.in_flight + 1 <= max(1.0, fair)
+            and pace[e.url] <= LOAD_BOUND * pace[chosen.url]
+        ):
             return e
     return chosen
 

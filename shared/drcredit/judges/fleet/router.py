@@ -172,7 +172,8 @@ class Fleet(Learning, Sharing):
             if e.url in exclude or not e.health.up or e.cool_until > now:
                 continue
             expected = self._expected(e, ahead, fallback)
-            scored.append((e, expected))
+            ewma = e.latency.ewma
+            scored.append((e, math.inf if ewma is None else ewma / e.config.weight))
             if expected < best_time:
                 best, best_time = e, expected
         if best is None or best.in_flight >= best.share:
