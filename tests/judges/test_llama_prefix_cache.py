@@ -42,7 +42,7 @@ def judged_group() -> dict[str, Any]:
 def test_a_visits_rubric_calls_come_from_the_servers_prompt_cache(tmp_path: Path, llama: LlamaServer) -> None:
     settings = {
         "judge_model": MODEL,
-        "judge_max_tokens": 200,
+        "judge_max_tokens": 128,
         "judge_timeout_s": 600.0,
         "judge_concurrency": 4,
         "judge_reuse": "group",
