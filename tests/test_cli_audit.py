@@ -112,7 +112,7 @@ def test_start_waits_and_prints_the_report_as_tables(served: Served) -> None:
     matrix = out.split("\nvisit level (0-2)\n")[1].split("visit level, first visits")[0]
     assert [cells(matrix, str(i)) for i in range(3)] == [["2", "0", "0"], ["0", "2", "0"], ["0", "2", "0"]]
     effect = doc["effect"]
-    assert f"over {effect['turns']} research turns" in out and effect["turns"] == 3
+    assert f"over {effect['turns']} non-final turns" in out and effect["turns"] == 3
     assert cells(out, "W1") == [f"{effect['w1']:.4f}", f"{effect['fused_w1']:.4f}"]
     assert cells(out, "RMSE") == [f"{effect['rmse']:.4f}", f"{effect['fused_rmse']:.4f}"]
     assert cells(out, "sign agreement") == [

@@ -77,6 +77,8 @@ def create_app(
             if registry is not None:
                 registry.close()
             runtime.close()
+            if listener is not None:
+                listener.join(timeout=5)  # it looks at its stop flag every second
 
     # FastAPIOffline serves the /docs and /redoc assets from the installed package: the
     # documentation works without internet access.

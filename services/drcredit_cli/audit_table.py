@@ -201,7 +201,7 @@ def print_audit(doc: dict[str, Any], out: Console | None = None) -> None:
         _print_people(doc, out)
         return
     effect = doc["effect"]
-    out.print(f"[bold]Effect on the advantages[/] over {effect['turns']:,} research turns", highlight=False)
+    out.print(f"[bold]Effect on the advantages[/] over {effect['turns']:,} non-final turns", highlight=False)
     out.print(effect_table(effect))
     outcome = effect.get("outcome_rmse")
     out.print(

@@ -91,6 +91,8 @@ def test_every_time_the_api_returns_is_utc_with_its_offset(client: TestClient, m
         "credits": got(client, "/v1/groups/g1/credits"),
         "batch": got(client, "/v1/batches/b1"),
         "batch advantages": got(client, "/v1/batches/b1/advantages"),
+        "evidence": got(client, "/v1/groups/g1/evidence"),
+        "sensitivity": got(client, "/v1/batches/b1/sensitivity"),
         "runs": got(client, "/v1/runs"),
         "run": got(client, "/v1/runs/exp"),
         "audits": got(client, "/v1/audits"),

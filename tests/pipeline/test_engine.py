@@ -28,6 +28,45 @@ from drcredit.storage.histories import support_histories
 from drcredit.storage.migrate import upgrade
 from tests.support.infra import postgres_database
 
+# ----------------------------------------------------------------------------- closing
+
+
+def test_closing_the_engine_ends_its_thread_and_every_task_left_on_its_loop() -> None:
+    """A judge fleet's health check still waiting when the engine closes (its owner
+    never closed the fleet) is cancelled and run to its end, and the engine's thread is
+    gone when close returns: nothing of it goes on probing or logging afterwards (once a
+    test run has closed its streams, such a log was a "--- Logging error ---")."""
+    from drcredit.judges.fleet.endpoints import EndpointConfig
+    from drcredit.judges.fleet.health import FAILURES_TO_OPEN
+    from drcredit.judges.fleet.router import Fleet
+
+    engine = Engine(judge_concurrency=4, db_threads=1)
+    ended: list[str] = []
+
+    async def prober(config: EndpointConfig) -> str | None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            ended.append(threading.current_thread().name)
+        return None
+
+    async def fail_an_endpoint() -> threading.Thread:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], prober=prober)
+        for _ in range(FAILURES_TO_OPEN):
+            lease = fleet._place(frozenset(), False)
+            assert lease is not None
+            fleet.failed(lease, "connection", "connection refused")
+            fleet.release(lease)
+        await asyncio.sleep(0.01)  # its health check is now waiting
+        return threading.current_thread()
+
+    thread = engine.submit(fail_an_endpoint()).result(10)
+    assert thread.name == "drcredit-engine" and not ended
+    engine.close()
+    assert ended == ["drcredit-engine"]  # cancelled, on the loop, before close returned
+    assert not thread.is_alive()
+
+
 # ----------------------------------------------------------------------------- batch writer
 
 

@@ -11,8 +11,8 @@ T = TypeVar("T")
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on a thread of its own: the browser tests' synchronous Playwright
-    keeps an event loop running on the main thread for the rest of the session, and
-    ``asyncio.run`` refuses to start under it."""
+    """``asyncio.run`` on a thread of its own, whatever loop the calling thread has
+    running (Playwright's sync API runs one on the main thread while a browser is open,
+    and ``asyncio.run`` refuses to start under it)."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, main).result()

@@ -53,10 +53,15 @@ class LiveServer:
         self._server, self._thread = server, thread
 
     def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=30)
+        """Stop serving and wait for the app's shutdown. One still running after 30 s is an
+        error here, not a thread left to log after the test run has closed its streams."""
+        server, thread = self._server, self._thread
         self._server = self._thread = None
+        if server is not None and thread is not None:
+            server.should_exit = True
+            thread.join(timeout=30)
+            if thread.is_alive():
+                raise RuntimeError(f"the app served on port {self.port} did not shut down within 30 s")
 
 
 @contextmanager

@@ -107,7 +107,7 @@ def check_effect(article: Locator, doc: dict[str, Any]) -> None:
         assert cells.all_inner_texts() == [fixed(w1), fixed(rmse), pct(sign)], name
         assert [value_of(cells.nth(k)) for k in range(3)] == [w1, rmse, sign], name
     expect(article.locator("h4").filter(has_text="Effect on the advantages")).to_contain_text(
-        f"{e['turns']} research turns"
+        f"{e['turns']} non-final turns"
     )
     expect(article.locator(".audit-outcome")).to_contain_text(f"Outcome reward RMSE: {fixed(e['outcome_rmse'])}")
     groups = article.locator(".audit-groups tbody tr")

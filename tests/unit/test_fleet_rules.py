@@ -387,6 +387,45 @@ def test_connection_failures_leave_the_rotation_only_when_the_health_check_fails
     assert checked == ["http://judge-0/v1"]
 
 
+def start_a_health_check(fleet: Fleet) -> None:
+    """Connection failures in a row: the fleet starts a health check in the background."""
+    for _ in range(FAILURES_TO_OPEN):
+        lease = fleet._place(frozenset(), False)
+        assert lease is not None
+        fleet.failed(lease, "connection", "Can not write request body")
+        fleet.release(lease)
+
+
+def test_closing_the_fleet_stops_a_health_check_in_flight(caplog: pytest.LogCaptureFixture) -> None:
+    """A check still waiting on its endpoint when the fleet closes is cancelled before
+    close returns: it neither goes on nor logs the endpoint out of the rotation after
+    its owner is gone."""
+    ended: list[str] = []
+
+    async def prober(config: EndpointConfig) -> str | None:
+        try:
+            await asyncio.sleep(0.3)
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+        ended.append("answered")
+        return "connection refused"
+
+    async def run() -> set[asyncio.Task[object]]:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], prober=prober)
+        start_a_health_check(fleet)
+        await asyncio.sleep(0.01)  # the check is waiting on its endpoint
+        await fleet.aclose()
+        left = asyncio.all_tasks() - {asyncio.current_task()}
+        await asyncio.sleep(0.5)  # past the time the check would have answered
+        return {t for t in left if not t.done()}
+
+    with caplog.at_level("WARNING", logger="drcredit.judges.fleet"):
+        assert aio.run(run()) == set()
+    assert ended == ["cancelled"]
+    assert not [r for r in caplog.records if "out of the rotation" in r.getMessage()]
+
+
 def test_late_answers_cut_the_limit_only_while_the_endpoint_is_busy() -> None:
     """Answers slowed while far fewer calls are out than the limit allows are not the
     limit's doing: they leave it alone; the same answers with the limit's share in

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -49,6 +51,8 @@ log = logging.getLogger("drcredit.audit")
 
 #: How long a running audit's claim holds without renewal (renewed every quarter of it).
 LEASE_S = 60.0
+#: How often a running audit looks whether its process is stopping.
+STOP_POLL_S = 0.2
 
 
 def start(
@@ -223,8 +227,11 @@ def claim(db: Database, audit_pk: int, owner: str) -> bool:
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def run(db: Database, engine: Engine, judges: AuditJudges, audit_pk: int) -> str:
-    """Run a claimed-or-claimable audit to its end; its final status."""
+def run(db: Database, engine: Engine, judges: AuditJudges, audit_pk: int, stop: threading.Event | None = None) -> str:
+    """Run a claimed-or-claimable audit to its end; its final status, or ``stopped`` when
+    its process stops first (``stop`` set, or the engine closed under it): its claim is
+    given back, and the next start (embedded) or sweep (workers) runs it again from the
+    start, rather than it holding the process's shutdown or failing."""
     owner = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
     if not claim(db, audit_pk, owner):
         return "taken"
@@ -247,12 +254,20 @@ def run(db: Database, engine: Engine, judges: AuditJudges, audit_pk: int) -> str
             )
 
         future = engine.submit(all_groups())
+        renew_at = time.monotonic() + LEASE_S / 4
         while True:
             try:
-                results = future.result(timeout=LEASE_S / 4)
+                results = future.result(timeout=STOP_POLL_S if stop is not None else LEASE_S / 4)
                 break
             except FutureTimeout:
-                _renew(db, audit_pk, owner)
+                if stop is not None and stop.is_set():
+                    future.cancel()
+                    return _stopped(db, audit_pk, owner)
+                if time.monotonic() >= renew_at:
+                    _renew(db, audit_pk, owner)
+                    renew_at = time.monotonic() + LEASE_S / 4
+            except FutureCancelled:  # the engine closed with the audit's calls on it
+                return _stopped(db, audit_pk, owner)
         seconds = time.monotonic() - started
         compared, stored = _compare(loaded, results)
         agreement, effect = build_report(compared)
@@ -276,6 +291,18 @@ def run(db: Database, engine: Engine, judges: AuditJudges, audit_pk: int) -> str
                 .values(status="failed", error=reason, finished_at=datetime.now(UTC), lease_expires_at=None)
             )
         return "failed"
+
+
+def _stopped(db: Database, audit_pk: int, owner: str) -> str:
+    """Give the claim back: the audit stays running, its lease out, for the next start."""
+    with db.session() as s:
+        s.execute(
+            update(m.Audit)
+            .where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)
+            .values(lease_expires_at=datetime.now(UTC))
+        )
+    log.info("audit %s stopped with its process; the next start or sweep runs it again", audit_pk)
+    return "stopped"
 
 
 def _renew(db: Database, audit_pk: int, owner: str) -> None:

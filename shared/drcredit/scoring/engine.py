@@ -161,6 +161,14 @@ class Engine:
                         await hook()
                     except Exception:
                         log.warning("engine close hook failed", exc_info=True)
+                # What is still waiting on the loop (a judge fleet's health check, a
+                # unit's call) is cancelled and run to its end here, as asyncio.run does:
+                # a loop stopped with tasks pending leaves them to no one.
+                current = asyncio.current_task()
+                pending = [t for t in asyncio.all_tasks() if t is not current]
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
 
             try:
                 asyncio.run_coroutine_threadsafe(finish(), loop).result(timeout)

@@ -188,3 +188,8 @@ class Pipeline:
     def stop(self) -> None:
         """Ask running units to return after their current judge call (resumable)."""
         self._stopping.set()
+
+    @property
+    def stopping(self) -> threading.Event:
+        """Set once :meth:`stop` is called (an embedded audit stops with the units)."""
+        return self._stopping

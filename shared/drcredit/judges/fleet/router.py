@@ -75,6 +75,8 @@ class Fleet(Learning, Sharing):
         self._synced = asyncio.Event()
         self._wake_sync = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
+        #: Health checks in flight (closing the fleet cancels them).
+        self._probes: set[asyncio.Task[None]] = set()
         self._last_sync = clock()
         #: Called with (endpoint, up) when an endpoint leaves or rejoins the rotation.
         self.listeners: list[Callable[[Endpoint, bool], None]] = []

@@ -49,6 +49,7 @@ class Sharing:
     _wake_sync: asyncio.Event
     _last_sync: float
     _background: set[asyncio.Task[Any]]
+    _probes: set[asyncio.Task[None]]
     #: Health check of an endpoint out of the rotation: None when it answered, else why not.
     prober: Callable[[EndpointConfig], Awaitable[str | None]] | None
 
@@ -204,8 +205,8 @@ class Sharing:
             self._checked(e, e.health.reason or "failing, and no health check to tell")
             return
         task = asyncio.get_running_loop().create_task(self._probe(e))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
 
     async def _probe(self, e: Endpoint) -> None:
         assert self.prober is not None
@@ -307,14 +308,22 @@ class Sharing:
         e.record = replace(record, limit=limit)
 
     async def aclose(self) -> None:
-        if self._sync_task is not None:
-            self._sync_task.cancel()
-            try:
-                await self._sync_task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - closing
-                pass
-            self._sync_task = None
-            self._synced = asyncio.Event()
+        """Stop the reports and the health checks in flight, and let the shared updates
+        already started finish: once its owner has closed the fleet, nothing of it may go
+        on probing an endpoint or logging (after a test run, into streams already
+        closed)."""
+        loop = asyncio.get_running_loop()
+        stopped = [t for t in (self._sync_task, *self._probes) if t is not None and not t.done()]
+        for task in stopped:
+            if task.get_loop() is loop:
+                task.cancel()
+            elif not task.get_loop().is_closed():
+                task.get_loop().call_soon_threadsafe(task.cancel)
+        ours = [t for t in (*stopped, *self._background) if t.get_loop() is loop]
+        await asyncio.gather(*ours, return_exceptions=True)
+        self._probes.clear()
+        self._sync_task = None
+        self._synced = asyncio.Event()
         await self.store.aclose()
 
 

@@ -176,7 +176,7 @@
         : el("a", { href: D.base + "/groups/" + enc(g.group_id), "data-text": "", text: g.group_id });
       const of = (what) => what + " of group " + g.group_id;
       return el("tr", { "data-group": g.group_id }, [el("td", {}, [link]),
-        cell("audit_group_turns", g.turns, of("research turns"), g.turns),
+        cell("audit_group_turns", g.turns, of("non-final turns"), g.turns),
         cell("audit_w1", fmt(g.w1, 3), of("process A_rg"), g.w1), cell("audit_rmse", fmt(g.rmse, 3), of("process A_rg"), g.rmse),
         cell("audit_sign", pct(g.process_sign_agreement), of("process A_rg"), g.process_sign_agreement),
         cell("audit_w1", fmt(g.fused_w1, 3), of("fused advantage"), g.fused_w1),
@@ -255,7 +255,7 @@
         text: "No effect on the advantages: people's labels give no second set of advantages to compare." })]);
     }
     return figures.concat([
-      el("h4", {}, ["Effect on the advantages, over ", D.num("audit_turns", D.plural(e.turns, "research turn")), ""]),
+      el("h4", {}, ["Effect on the advantages, over ", D.num("audit_turns", D.plural(e.turns, "non-final turn")), ""]),
       effectTable(e),
       el("p", { class: "audit-outcome" }, ["Outcome reward RMSE: ", D.num("audit_outcome_rmse", fmt(e.outcome_rmse, 3)),
         e.outcome_rmse === null ? " (no audited group had its outcome judged by the service)" : ""]),
