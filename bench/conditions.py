@@ -16,6 +16,12 @@ Redis, against simulated judges (:mod:`bench.judge_sim`) that answer in ``--late
 - ``replicas``: two servers in ``DRCREDIT_JUDGE_BASE_URL``; one is killed (SIGKILL) when a
   third of the step's answers are in, and started again after the run.
 - ``slow``: two servers, the second answering ``--slow-factor`` times slower.
+- ``queueing``: a server that queues (:mod:`bench.queueing_server`: :data:`QUEUE_SLOTS`
+  slots, 2 s a call, first come first served inside, nothing saying how many), with
+  ``DRCREDIT_JUDGE_TIMEOUT_S=20``; ``queueing-slow``: the same with a lognormal latency of
+  median 8 s (sigma 0.5) and the default timeout. Bound: the longer of the critical path
+  and calls needed x mean latency / slots; also reported: calls sent per call needed and
+  answers abandoned by a client that timed out.
 - ``audit``: one server for training and one for an audit judge; every other run starts an
   audit of ``--audit-sample`` groups of the previous run right before posting the step,
   so the runs with an audit beside them compare with those without.
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import tempfile
 import threading
 import time
@@ -45,7 +52,18 @@ from bench.platform import REDIS, Proc, Stack, free_port, fresh_database, plain_
 from bench.repeat import one_run, renamed, summary
 from drcredit.judges.fleet.health import PROBE_MAX_S
 
-CONDITIONS = ("backlog", "rate", "rate-headers", "replicas", "slow", "audit")
+CONDITIONS = ("backlog", "rate", "rate-headers", "replicas", "slow", "audit", "queueing", "queueing-slow")
+#: The queueing conditions' server: slots, median latency, lognormal sigma, answer timeout.
+QUEUE_SLOTS = 32
+QUEUEING = {"queueing": (2.0, 0.0, "20"), "queueing-slow": (8.0, 0.5, None)}
+
+
+def condition_latency(condition: str, args: argparse.Namespace) -> float:
+    """The mean latency of a condition's judge (a lognormal's is its median x e^(sigma^2/2))."""
+    if condition in QUEUEING:
+        median, sigma, _ = QUEUEING[condition]
+        return median * math.exp(sigma**2 / 2)
+    return float(args.latency)
 
 
 def judge_flags(condition: str, args: argparse.Namespace) -> list[list[str]]:
@@ -62,6 +80,9 @@ def judge_flags(condition: str, args: argparse.Namespace) -> list[list[str]]:
         return [[], ["--latency", str(args.latency * args.slow_factor)]]
     if condition == "audit":
         return [[], []]
+    if condition in QUEUEING:
+        median, sigma, _ = QUEUEING[condition]
+        return [["--slots", str(QUEUE_SLOTS), "--latency", str(median), "--lognormal-sigma", str(sigma)]]
     raise ValueError(f"unknown judge condition {condition!r} (known: {', '.join(CONDITIONS)})")
 
 
@@ -153,6 +174,9 @@ def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[st
             with fresh_database() as db:
                 env = plain_env(judges[0], db, REDIS)
                 env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in training)
+                timeout = QUEUEING.get(condition, (0, 0, None))[2]
+                if timeout is not None:
+                    env["DRCREDIT_JUDGE_TIMEOUT_S"] = timeout
                 if condition == "audit":
                     env["DRCREDIT_AUDIT_JUDGES"] = json.dumps(
                         {"second": {"base_url": f"{judges[1]}/v1", "model": "sim"}}
@@ -181,6 +205,8 @@ def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[st
                         killer.join()
                     served = stats(training)
                     runs.append(measure(condition, args, step, run, served, reference, f"r{k}", killer))
+                    if condition in QUEUEING:
+                        runs[-1].update(queue_figures(served[0], expected_calls))
                     if condition == "audit":
                         runs[-1]["audit_beside"] = audit is not None
                         if audit is not None:
@@ -206,10 +232,12 @@ def measure(
     calls = [int(s.get("requests", 0)) - int(s.get("rate_limited", 0)) for s in served]
     refused = sum(int(s.get("rate_limited", 0)) for s in served)
     total = sum(calls)
-    critical = max(critical_path_calls(step, run["credits"]), 1) * args.latency
+    critical = max(critical_path_calls(step, run["credits"]), 1) * condition_latency(condition, args)
     bound = critical
     if condition.startswith("rate"):
         bound = max(critical, total / args.judge_rate)
+    if condition in QUEUEING:
+        bound = max(critical, total * condition_latency(condition, args) / QUEUE_SLOTS)
     out: dict[str, Any] = {
         "wall_s": run["wall_s"],
         "critical_path_s": critical,
@@ -227,6 +255,18 @@ def measure(
         out["shares_before_kill"] = [b / sum(before) for b in before]
         out["bound_plus_2s_ratio"] = run["wall_s"] / (1.3 * bound + 2.0)
     return out
+
+
+def queue_figures(served: dict[str, Any], needed: int) -> dict[str, Any]:
+    """A queueing server's count of calls sent per call needed and of abandoned answers."""
+    sent = int(served.get("requests", 0))
+    abandoned = int(served.get("abandoned", 0))
+    return {
+        "calls_sent_per_needed": sent / needed if needed else 0.0,
+        "abandoned": abandoned,
+        "abandoned_per_call": abandoned / sent if sent else 0.0,
+        "peak_queued_in_server": int(served.get("peak_queued", 0)),
+    }
 
 
 def start_audit(api: str, previous: list[dict[str, Any]], sample: int, seed: int) -> tuple[str, float]:
@@ -280,6 +320,11 @@ def run_line(k: int, repeat: int, run: dict[str, Any]) -> str:
             if run["audit_beside"]
             else "none"
         )
+    if "calls_sent_per_needed" in run:
+        line += (
+            f"; sent {run['calls_sent_per_needed']:.3f}x the calls needed; abandoned {run['abandoned']}"
+            f" ({100 * run['abandoned_per_call']:.1f}%); peak queue in the server {run['peak_queued_in_server']}"
+        )
     if "shares_before_kill" in run:
         line += " ; before the kill " + "/".join(f"{100 * s:.0f}%" for s in run["shares_before_kill"])
     return line
@@ -300,6 +345,9 @@ def summarize(condition: str, runs: list[dict[str, Any]], expected_calls: int) -
     if beside and alone:
         out["ratio_to_bound_with_audit"] = summary(beside)
         out["ratio_to_bound_without_audit"] = summary(alone)
+    if any("calls_sent_per_needed" in r for r in runs):
+        out["calls_sent_per_needed"] = summary([r["calls_sent_per_needed"] for r in runs])
+        out["abandoned_per_call"] = summary([r["abandoned_per_call"] for r in runs])
     versus = [r["wall_s"] / r["baseline_s"] for r in runs if "baseline_s" in r]
     if versus:
         out["ratio_to_baseline"] = summary(versus)
@@ -317,6 +365,9 @@ def condition_table(condition: str, rep: dict[str, Any]) -> str:
         line("429s / calls served", rep["rate_limited_per_served"], ""),
         f"  failed judgments {rep['failed_judgments']}; max |diff| from the reference {rep['max_abs_diff_vs_reference']:.1e}",
     ]
+    if "calls_sent_per_needed" in rep:
+        lines.append(line("calls sent / needed", rep["calls_sent_per_needed"]))
+        lines.append(line("abandoned / calls sent", rep["abandoned_per_call"], ""))
     if "ratio_to_bound_with_audit" in rep:
         lines.append(line("wall / bound, audit beside", rep["ratio_to_bound_with_audit"]))
         lines.append(line("wall / bound, no audit", rep["ratio_to_bound_without_audit"]))

@@ -13,7 +13,8 @@ no chat completion at all, in turn.
 The judges users run are simulated too (``bench.run --judge``): a small server with a
 short listen queue and no keep-alive (``--backlog 5 --no-keepalive``), a hosted API
 under a request quota (``--rate 150``: a token bucket; 429 with ``retry-after`` past
-it, and with ``--rate-headers`` OpenAI's ``x-ratelimit-*`` headers on every answer).
+it, and with ``--rate-headers`` OpenAI's ``x-ratelimit-*`` headers on every answer),
+a server that queues (``--slots 32``: :mod:`bench.queueing_server`).
 
     python -m bench.judge_sim --port 9100 --latency 1.0 [--lognormal-sigma 0.5]
 """
@@ -34,6 +35,7 @@ import orjson
 import uvicorn
 
 from bench import prefix_cache
+from bench.queueing_server import QueueingServer, watch_disconnect
 
 FACT = re.compile(r"\{F(\d+)\}")
 
@@ -145,6 +147,7 @@ class Simulator:
         seed: int,
         quota: Quota | None = None,
         prefix: prefix_cache.PrefixCache | None = None,
+        queue: QueueingServer | None = None,
     ):
         self.latency, self.sigma, self.error_rate = latency, sigma, error_rate
         #: The replica's prefix cache and prefill cost (None: neither).
@@ -152,6 +155,7 @@ class Simulator:
         self.rng = random.Random(seed)
         self.slots = asyncio.Semaphore(concurrency) if concurrency > 0 else None
         self.quota = quota
+        self.queue = queue
         self.stats = {
             "requests": 0,
             "visit": 0,
@@ -203,7 +207,10 @@ class Simulator:
         self.stats["peak_in_flight"] = max(self.stats["peak_in_flight"], self.stats["in_flight"])
         try:
             pause = self.delay()
-            if pause:
+            if self.queue is not None:
+                async with self.queue.slot():
+                    await asyncio.sleep(pause)
+            elif pause:
                 await asyncio.sleep(pause)
         finally:
             self.stats["in_flight"] -= 1
@@ -273,6 +280,8 @@ class Simulator:
             self.stats[key] = 0
         if self.prefix is not None:
             self.prefix.reset()
+        if self.queue is not None:
+            self.queue.reset()
 
 
 def app(sim: Simulator, keepalive: bool = True) -> Any:
@@ -292,10 +301,21 @@ def app(sim: Simulator, keepalive: bool = True) -> Any:
             if not message.get("more_body"):
                 break
         extra: list[tuple[bytes, bytes]] = []
-        if path == "/v1/chat/completions" and method == "POST":
+        if path == "/v1/chat/completions" and method == "POST" and sim.queue is not None:
+            gone, watcher = watch_disconnect(receive)
+            status, payload, extra = await sim.completion(b"".join(chunks))
+            watcher.cancel()
+            if status == 200:
+                sim.queue.finished(gone)
+        elif path == "/v1/chat/completions" and method == "POST":
             status, payload, extra = await sim.completion(b"".join(chunks))
         elif path == "/stats":
-            status, payload = 200, orjson.dumps({**sim.stats, **(sim.prefix.stats if sim.prefix else {})})
+            status, payload = (
+                200,
+                orjson.dumps(
+                    {**sim.stats, **(sim.prefix.stats if sim.prefix else {}), **(sim.queue.stats if sim.queue else {})}
+                ),
+            )
         elif path == "/garbage" and method == "POST":
             seconds = float(parse_qs(scope["query_string"].decode()).get("seconds", ["0"])[0])
             sim.garbage_until = time.monotonic() + seconds
@@ -328,6 +348,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=1.0, help="fixed (or median, with --lognormal-sigma) seconds")
     parser.add_argument("--lognormal-sigma", type=float, default=0.0)
     parser.add_argument("--concurrency", type=int, default=0, help="requests served at once (0: unlimited)")
+    parser.add_argument("--slots", type=int, default=0, help="a server that queues: slots, FIFO inside (0: none)")
     parser.add_argument("--error-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--backlog", type=int, default=4096, help="the listen queue (a small server: 5)")
@@ -338,6 +359,7 @@ def main() -> None:
     prefix_cache.add_arguments(parser)
     args = parser.parse_args()
     quota = Quota(args.rate, args.burst or args.rate, args.rate_headers) if args.rate > 0 else None
+    queue = QueueingServer(args.slots) if args.slots > 0 else None
     sim = Simulator(
         args.latency,
         args.lognormal_sigma,
@@ -346,6 +368,7 @@ def main() -> None:
         args.seed,
         quota,
         prefix_cache.from_args(args),
+        queue,
     )
     uvicorn.run(
         app(sim, keepalive=not args.no_keepalive),

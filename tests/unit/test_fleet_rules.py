@@ -127,19 +127,21 @@ def test_the_limit_never_falls_below_one_nor_rises_above_its_cap() -> None:
     assert limits.capped(capped, None).limit == 4  # lifting the cap does not grow it
 
 
-def test_latency_is_inflated_when_the_recent_median_doubles_its_base() -> None:
+def test_latency_is_inflated_when_the_recent_median_passes_its_base_by_the_inflation() -> None:
     watch = LatencyWatch()
-    assert not any(watch.observe(1.0) for _ in range(limits.RECENT))
+    verdicts = [watch.observe(1.0) for _ in range(limits.RECENT)]
+    assert verdicts[:-1] == [None] * (limits.RECENT - 1) and verdicts[-1] is not None
     assert watch.base == 1.0
     # Calls queue in the server: each answer takes longer; the median of the last 16
-    # (their 9th smallest) passes 2x the base with the 8th slow answer.
-    verdicts = [watch.observe(2.5) for _ in range(limits.RECENT)]
-    assert verdicts.index(True) == limits.RECENT // 2 - 1
+    # (their 9th smallest) passes 1.5x the base with the 8th slow answer.
+    late = [v is not None and v.ratio > limits.INFLATION for v in (watch.observe(2.5) for _ in range(limits.RECENT))]
+    assert late.index(True) == limits.RECENT // 2 - 1
 
 
 def test_a_uniformly_slow_server_is_not_inflated() -> None:
     watch = LatencyWatch()
-    assert not any(watch.observe(5.0) for _ in range(3 * limits.RECENT))
+    verdicts = [watch.observe(5.0) for _ in range(3 * limits.RECENT)]
+    assert all(v is None or v.ratio == 1.0 for v in verdicts)
 
 
 # ----------------------------------------------------------------------------- rate pacing
@@ -428,30 +430,33 @@ def test_closing_the_fleet_stops_a_health_check_in_flight(caplog: pytest.LogCapt
 
 def test_late_answers_cut_the_limit_only_while_the_endpoint_is_busy() -> None:
     """Answers slowed while far fewer calls are out than the limit allows are not the
-    limit's doing: they leave it alone; the same answers with the limit's share in
-    flight cut it (x LATENCY_CUT)."""
+    limit's doing: they leave it alone; late answers with the limit's share in flight
+    set it to the slots they imply, with the headroom."""
 
-    async def run() -> tuple[float, float]:
-        fleet = Fleet([EndpointConfig("http://judge-0/v1")])
-        e = fleet.endpoints[0]
-        e.record = dataclasses.replace(e.record, limit=LimitState(100.0, 100.0, 0))
+    def limit_after(late_in_flight: int) -> float:
+        async def run() -> float:
+            fleet = Fleet([EndpointConfig("http://judge-0/v1")])
+            e = fleet.endpoints[0]
+            e.record = dataclasses.replace(e.record, limit=LimitState(100.0, 100.0, 0))
 
-        def answer(latency: float, in_flight: int) -> None:
-            lease = fleet._lease(e, probe=False)
-            e.in_flight = in_flight
-            fleet.answered(lease, latency)
+            def answer(latency: float, in_flight: int) -> None:
+                e.in_flight = in_flight - 1
+                lease = fleet._lease(e, probe=False)  # sent with in_flight out, itself included
+                fleet.answered(lease, latency)
 
-        for _ in range(limits.RECENT):
-            answer(1.0, 10)  # the base: 1 s
-        for _ in range(limits.RECENT):
-            answer(3.0, 10)  # late, with 10 of 100 out
-        idle = e.record.limit.limit
-        answer(3.0, 60)  # late again, now with over half the share out
-        return idle, e.record.limit.limit
+            for _ in range(limits.RECENT):
+                answer(1.0, 10)  # the base: 1 s
+            for _ in range(limits.RECENT // 2):
+                answer(3.0, late_in_flight)
+            return e.record.limit.limit
 
-    idle, busy = aio.run(run())
-    assert idle == 100.0
-    assert busy == pytest.approx(100.0 * limits.LATENCY_CUT)
+        return aio.run(run())
+
+    assert limit_after(10) == 100.0  # 10 of 100 out: not the limit's doing
+    # With 60 out, the 8th late answer makes the median late (3 s over a 1 s base). The
+    # slots each recent answer implies: 8 x (10 x 1 / 1 = 10) and 8 x (60 x 1 / 3 = 20);
+    # their median (the 9th smallest) is 20, and the limit 20 x HEADROOM.
+    assert limit_after(60) == pytest.approx(20 * limits.HEADROOM)
 
 
 # ----------------------------------------------------------------------------- routing

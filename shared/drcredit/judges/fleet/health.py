@@ -61,6 +61,10 @@ class EndpointHealth:
         self._interval = PROBE_INITIAL_S
         return True
 
+    def answering_since(self, t: float) -> bool:
+        """It answered a call after ``t`` (a call sent then and unanswered is queued, not lost)."""
+        return self.answered_at is not None and self.answered_at >= t
+
     def failed(self, reason: str, now: float, *, probe: bool, connection: bool = False) -> bool:
         """A call or a health check ended without an answer; True when this takes the
         endpoint out. After a ``connection`` failure only a failed health check does

@@ -74,7 +74,17 @@ class Learning:
             e.answered_limit = e.record.limit.limit
         if latency_s is None:
             return
-        late = e.latency.observe(latency_s)
+        state = e.record.limit
+        if lease.epoch < state.epoch:
+            # Sent before the last cut: its latency is the old load's, not the new limit's.
+            e.latency.track(latency_s)
+            if rates is not None:
+                self._learn_rates(e, rates)
+            return
+        # The base rises with the median only while no queue is known, or from calls sent
+        # within the slots estimated (no queue to inflate them).
+        rise = not state.queues or (state.slots is not None and lease.load <= state.slots)
+        verdict = e.latency.observe(latency_s, lease.load, rise=rise)
         # Busy: at least half its share in flight, this call included. Only then does
         # an answer say something of the limit: one at normal latency that the endpoint
         # kept pace with that load (it may take more), a late one that the load queues
@@ -82,12 +92,27 @@ class Learning:
         # allows are not the limit's doing (cutting it then ratcheted it down, step
         # after step, until it bound the step).
         busy = e.in_flight * 2 >= e.share
-        if late and busy:
-            self._cut(lease, limits.LATENCY_CUT)
-            e.latency.forget_recent()
-        elif not late and busy and not e.record.limit.epoch > lease.epoch:
-            e.grown += 1
-            e.record = replace(e.record, limit=limits.grow(e.record.limit, 1))
+        action = limits.respond(
+            state,
+            verdict,
+            late_one=e.latency.late(latency_s),
+            after_queue_cut=e.latency.after_queue_cut,
+            drained=e.in_flight <= e.share,
+        )
+        if action == limits.QUEUE and verdict is not None:
+            if busy:
+                slots = verdict.slots
+                self._change(lease, lambda s: limits.queued(s, lease.epoch, slots))
+                e.latency.forget_recent()
+                e.latency.after_queue_cut = True
+        elif action == limits.REBASE:
+            e.latency.rebase()
+        else:
+            if verdict is not None:
+                e.latency.after_queue_cut = False
+            if action == limits.GROW and busy:
+                e.grown += 1
+                e.record = replace(e.record, limit=limits.grow(e.record.limit, 1))
         if rates is not None:
             self._learn_rates(e, rates)
 
@@ -152,10 +177,27 @@ class Learning:
         return hold_off
 
     def failed(self, lease: Lease, outcome: str, reason: str) -> None:
-        """No answer: a connection refused or cut, a timeout, a 5xx."""
+        """No answer: a connection refused or cut, a timeout, a 5xx.
+
+        A timeout while the endpoint answers calls is a queue, not an outage: the
+        call sat behind others in the server. It lowers the limit (:func:`limits.timed_out`)
+        before its retry is placed, and does not count toward taking the endpoint out."""
         e = lease.endpoint
         self._count(e, outcome)
-        if e.health.failed(reason, self._clock(), probe=lease.probe, connection=outcome == "connection"):
+        now = self._clock()
+        waited = now - lease.sent_at
+        # Answering, or still working through the calls that timed out before (it
+        # answers them to nobody): the call sat in its queue.
+        if outcome == "timeout" and (
+            e.health.answering_since(lease.sent_at - waited) or now <= e.unread_until + waited
+        ):
+            load, base = lease.load, e.latency.base or e.latency.fastest
+            slots = e.record.limit.slots or e.limit
+            e.unread_until = max(e.unread_until, now) + (base or waited) / max(slots, 1.0)
+            self._change(lease, lambda s: limits.timed_out(s, lease.epoch, load, base, waited))
+            e.latency.forget_recent()
+            return
+        if e.health.failed(reason, now, probe=lease.probe, connection=outcome == "connection"):
             log.warning("judge endpoint %s out of the rotation: %s", e.url, reason)
             self._notify(e, False)
         elif e.health.check_wanted():
@@ -180,12 +222,17 @@ class Learning:
                 log.warning("a judge endpoint listener failed", exc_info=True)
 
     def _cut(self, lease: Lease, factor: float) -> None:
+        self._change(lease, lambda s: limits.cut(s, lease.epoch, factor))
+
+    def _change(self, lease: Lease, change: Callable[[limits.LimitState], limits.LimitState]) -> None:
+        """Apply a cut to the limit here at once (the next placement sees it) and to the
+        shared record; once per round (a call sent before the last cut changes nothing)."""
         e = lease.endpoint
         if e.record.limit.epoch > lease.epoch:
             return  # already cut since this call went out
-        e.record = replace(e.record, limit=limits.cut(e.record.limit, lease.epoch, factor))
+        e.record = replace(e.record, limit=change(e.record.limit))
         e.grown = 0.0
-        self._background_update(e, lambda r: replace(r, limit=limits.cut(r.limit, lease.epoch, factor)))
+        self._background_update(e, lambda r: replace(r, limit=change(r.limit)))
 
     def _learn_rates(self, e: Endpoint, rates: RateHeaders, *, cool: bool = True) -> None:
         if cool and rates.wait_s is not None and rates.wait_s > 0:

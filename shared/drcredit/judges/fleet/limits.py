@@ -1,16 +1,31 @@
 """How many calls an endpoint is sent at once: learned from what it serves.
 
-The rule is TCP's congestion control, applied to judge calls instead of packets. The
-limit starts small and grows fourfold with every round of answers that come back at
-normal latency (slow start: :data:`SLOW_START_GAIN` more calls per answer), until the
-endpoint first pushes back;
-from then on it grows by :data:`PROBE_GAIN` calls per round (additive increase) and is
-cut on each push-back (multiplicative decrease): by :data:`ERROR_CUT` on a 429, a 5xx,
-a connect failure or a timeout, by :data:`LATENCY_CUT` when answers slow down because
-calls queue inside the server. Growth and the latency cut both need the endpoint busy
-(half a process's share in flight): only then is the limit what the answers' pace
-says something about. A cut applies once per round: answers to calls sent before the
-last cut say nothing about the new limit (the ``epoch``).
+Growth is TCP's: the limit starts at :data:`INITIAL_LIMIT` and grows fourfold with every
+round of answers that come back at normal latency (slow start: :data:`SLOW_START_GAIN`
+more calls per answer) until the endpoint first pushes back; from then on it grows by
+:data:`PROBE_GAIN` calls per round (additive increase). A 429, a 5xx or a connect
+failure cuts it by :data:`ERROR_CUT` (multiplicative decrease).
+
+Servers that queue (vLLM, SGLang, TGI: a fixed number of slots, every other call
+waiting inside, first come first served, and nothing saying how many) are read the way
+TCP Vegas reads a path: against the latency the server shows when nothing queues (the
+*base*, a low-water mark of the recent median), an answer that took ``ratio`` times
+longer was sent into a queue. By Little's law a server with ``n`` slots that was sent
+``load`` calls answers them in ``load / n`` service times, so ``load x base / latency``
+estimates its slots: on a late verdict (:data:`INFLATION`) the limit is set at once to
+that estimate with :data:`HEADROOM` (not cut by a factor round after round: the queue
+the first wave built would outlast the answer timeout). Once an endpoint is known to
+queue it grows only while the median stays within :data:`QUEUE_TOLERANCE` of the base,
+so the calls beyond its slots wait in the platform (in priority order, no timeout
+running). A call that times out while the endpoint answers others is a queue too: the
+slots are fewer than ``load x base / timeout`` (:func:`timed_out`). A late verdict right
+after a queue cut, from calls sent within the new limit, says the server itself slowed
+(other clients, longer prompts): the base is learnt again instead of cutting twice.
+
+Growth and the latency verdicts need the endpoint busy (half a process's share in
+flight): only then is the limit what the answers' pace says something about. A cut
+applies once per round: answers to calls sent before the last cut say nothing about the
+new limit (the ``epoch``).
 
 The state is a plain value, fleet-wide per endpoint (shared between processes through
 :mod:`drcredit.judges.fleet.store`); this module only computes the next one.
@@ -20,7 +35,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 #: Calls in flight to an endpoint before anything is known of it (fleet-wide).
 INITIAL_LIMIT = 64.0
@@ -38,10 +55,16 @@ MIN_LIMIT = 1.0
 PROBE_GAIN = 4.0
 #: Multiplicative decrease on an error push-back (429, 5xx, connect failure, timeout).
 ERROR_CUT = 0.7
-#: Multiplicative decrease when calls queue inside the server (latency inflation).
-LATENCY_CUT = 0.9
-#: An answer is late when the recent median latency exceeds this multiple of the base.
-INFLATION = 2.0
+#: Answers are late (calls queue inside the server) when their recent median exceeds
+#: this multiple of the base. A queue of one service time per slot is 2x: at 2.0 slow
+#: start grew on through it and sent a 32-slot server ten times its slots.
+INFLATION = 1.5
+#: The limit set on a late verdict: the estimated slots and this much more, so that a
+#: slot freed is taken at once (each answer's round trip) and the estimate's noise
+#: (a lognormal server's median) does not leave slots idle.
+HEADROOM = 1.25
+#: An endpoint known to queue grows only while its median is within this of the base.
+QUEUE_TOLERANCE = 1.25
 #: Answers the recent median is taken over.
 RECENT = 16
 #: Weight of each answer in the base latency's slow rise (it falls at once).
@@ -59,6 +82,10 @@ class LimitState:
     epoch: int = 0
     #: An upper bound: the server's declared slots or the operator's max_concurrency.
     cap: float | None = None
+    #: The endpoint was seen queueing calls (a late verdict or a timeout under load).
+    queues: bool = False
+    #: Its slots as last estimated from a queue (None: never seen queueing).
+    slots: float | None = None
 
     @property
     def slow_start(self) -> bool:
@@ -92,6 +119,33 @@ def cut(state: LimitState, sent_epoch: int, factor: float) -> LimitState:
     return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1)
 
 
+def queued(state: LimitState, sent_epoch: int, slots: float) -> LimitState:
+    """Answers to calls sent in ``sent_epoch`` queued in a server estimated to have
+    ``slots``: the limit becomes ``slots x HEADROOM`` (never raised by this), slow start
+    ends, a new round begins."""
+    if sent_epoch < state.epoch:
+        return state
+    limit = state.bounded(min(state.limit, slots * HEADROOM))
+    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots)
+
+
+def timed_out(state: LimitState, sent_epoch: int, load: float, base: float | None, waited_s: float) -> LimitState:
+    """A call sent with ``load`` calls in flight got no answer in ``waited_s`` while the
+    endpoint answered others: it sat in the server's queue. Then ``load x base /
+    waited_s`` bounds the slots from above; the limit becomes that bound with
+    :data:`HEADROOM`, and at most ``ERROR_CUT`` of what it was (the bound alone when no
+    base is known yet would be nothing)."""
+    if sent_epoch < state.epoch:
+        return state
+    limit = state.limit * ERROR_CUT
+    slots = state.slots
+    if base is not None and waited_s > 0:
+        slots = load * base / waited_s
+        limit = min(limit, slots * HEADROOM)
+    limit = state.bounded(limit)
+    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots)
+
+
 def relearned(state: LimitState, before: float | None = None) -> LimitState:
     """The endpoint is back after an outage. The cuts its outage caused (its calls failing
     to connect until it was taken out) say nothing of its capacity: it gets back
@@ -112,34 +166,113 @@ def capped(state: LimitState, cap: float | None) -> LimitState:
     return replace(limited, limit=limited.bounded(state.limit))
 
 
+class Verdict(NamedTuple):
+    """What the recent answers say of the server's queue."""
+
+    #: Their median latency over the base.
+    ratio: float
+    #: The median of the calls in flight (fleet-wide) when they were sent.
+    load: float
+    #: The slots they imply (Little's law): the median of ``load x base / latency``.
+    slots: float
+
+
+def verdict_of(samples: Sequence[tuple[float, float]], base: float) -> Verdict:
+    """``samples``: (latency, load at sending) of recent answers; ``base``: the latency
+    of the server when nothing queues."""
+    middle = len(samples) // 2
+    latency = sorted(lat for lat, _ in samples)[middle]
+    load = sorted(load for _, load in samples)[middle]
+    slots = sorted(load * base / lat for lat, load in samples if lat > 0)[middle]
+    return Verdict(latency / base, load, slots)
+
+
+#: What an answer's verdict asks of the limit.
+GROW, HOLD, QUEUE, REBASE = "grow", "hold", "queue", "rebase"
+
+
+def respond(
+    state: LimitState,
+    verdict: Verdict | None,
+    *,
+    late_one: bool = False,
+    after_queue_cut: bool = False,
+    drained: bool = True,
+) -> str:
+    """The rule. Late (the recent median over :data:`INFLATION` of the base) is a
+    queue, unless the calls were sent within a limit just set by a queue cut
+    (``after_queue_cut``) and the calls sent before it are answered (``drained``): then
+    the server itself slowed, and the base is learnt again. In slow start an answer
+    late on its own (``late_one``) does not grow the limit: slow start quadruples per
+    round, and waiting for the median let it send a 32-slot server ten times its
+    slots. An endpoint known to queue holds while its median is between
+    :data:`QUEUE_TOLERANCE` and :data:`INFLATION` of the base; else it grows."""
+    if verdict is not None and verdict.ratio > INFLATION:
+        return REBASE if after_queue_cut and drained and verdict.load <= state.limit else QUEUE
+    if state.slow_start and late_one:
+        return HOLD
+    if verdict is None:
+        return GROW
+    if state.queues and verdict.ratio > QUEUE_TOLERANCE:
+        return HOLD
+    return GROW
+
+
 class LatencyWatch:
     """Tells answers slowed by queueing inside the server from the server's own pace.
 
     The base is a low-water mark of the recent median latency: it follows the median
-    down at once and up only slowly (:data:`BASE_RISE` per answer), so a server that is
-    simply slow has a slow base, while calls piling up in its queue show as a recent
-    median far above the base (:data:`INFLATION`). Per process and endpoint.
+    down at once; before the endpoint is seen queueing it also rises slowly
+    (:data:`BASE_RISE` per answer), so a server that is simply slow has a slow base;
+    once it queues, only :meth:`rebase` raises it (a rise then would take the queue for
+    the server's pace). Per process and endpoint.
     """
 
     def __init__(self) -> None:
-        self._recent: deque[float] = deque(maxlen=RECENT)
+        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
         self.base: float | None = None
         #: Smoothed latency of answers (the router's estimate of the endpoint's pace).
         self.ewma: float | None = None
+        #: The last verdict acted on was a queue cut.
+        self.after_queue_cut = False
+        #: The quickest answer yet (the base's stand-in before there is one).
+        self.fastest: float | None = None
 
-    def observe(self, latency_s: float) -> bool:
-        """Record an answer's latency; True when the endpoint is answering late."""
+    def track(self, latency_s: float) -> None:
+        """An answer's latency for the router's pace only (its call was sent before a cut)."""
         self.ewma = latency_s if self.ewma is None else self.ewma + 0.2 * (latency_s - self.ewma)
-        self._recent.append(latency_s)
+        self.fastest = latency_s if self.fastest is None else min(self.fastest, latency_s)
+
+    def observe(self, latency_s: float, load: float = 1.0, *, rise: bool = True) -> Verdict | None:
+        """Record an answer's latency and the calls in flight when it was sent; the
+        recent answers' verdict (None until there are :data:`RECENT` of them)."""
+        self.track(latency_s)
+        self._recent.append((latency_s, load))
         if len(self._recent) < RECENT:
-            return False
-        median = sorted(self._recent)[RECENT // 2]
+            return None
+        median = sorted(lat for lat, _ in self._recent)[RECENT // 2]
         if self.base is None or median < self.base:
             self.base = median
-            return False
-        self.base += BASE_RISE * (median - self.base)
-        return median > INFLATION * self.base
+        verdict = verdict_of(self._recent, self.base)
+        if rise:
+            self.base += BASE_RISE * (median - self.base)
+        return verdict
+
+    def late(self, latency_s: float) -> bool:
+        """This answer alone is over :data:`INFLATION` of the base (before there is one,
+        of the median of the first answers, once there are a few)."""
+        reference = self.base
+        if reference is None and len(self._recent) >= RECENT // 4:
+            reference = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
+        return reference is not None and latency_s > INFLATION * reference
 
     def forget_recent(self) -> None:
         """After a cut: the next verdict waits for answers to calls sent under the new limit."""
         self._recent.clear()
+
+    def rebase(self) -> None:
+        """The server itself is slower now: its base is the recent median."""
+        if self._recent:
+            self.base = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
+        self._recent.clear()
+        self.after_queue_cut = False

@@ -198,7 +198,7 @@ class Fleet(Learning, Sharing):
 
     def _lease(self, e: Endpoint, *, probe: bool) -> Lease:
         e.in_flight += 1
-        return Lease(e, e.record.limit.epoch, probe)
+        return Lease(e, e.record.limit.epoch, probe, load=e.load)
 
     def _dispatch(self) -> None:
         """Hand free places to waiting calls: retries and probes first, then the plain

@@ -50,6 +50,7 @@ class Sharing:
     _last_sync: float
     _background: set[asyncio.Task[Any]]
     _probes: set[asyncio.Task[None]]
+    _waiting: int
     #: Health check of an endpoint out of the rotation: None when it answered, else why not.
     prober: Callable[[EndpointConfig], Awaitable[str | None]] | None
 
@@ -84,6 +85,8 @@ class Sharing:
             "latency_s": e.latency.ewma,
             "limit": round(e.limit, 2),
             "share": e.share,
+            # Calls this process holds back for a place on its endpoints (the same for each).
+            "waiting": self._waiting,
             "cooling_s": max(0.0, round(e.cool_until - self._clock(), 3)),
             "counts": dict(e.counts),
         }
@@ -133,6 +136,7 @@ class Sharing:
                 continue
             break
         lease.sent_at = self._clock()
+        lease.load = e.load
         e.sent.append(lease.sent_at)
 
     async def settle_tokens(self, lease: Lease, used: float) -> None:
@@ -248,6 +252,7 @@ class Sharing:
             e.fraction = fraction
             self._adopt(e, records[e.url])
             self._export(e)
+        metrics.JUDGE_CALLS_WAITING.set(self._waiting)
         self._dispatch()
 
     @staticmethod
@@ -286,6 +291,11 @@ class Sharing:
                     "in_flight": sum(int(v.get("in_flight") or 0) for v in views),
                     "limit": round(record.limit.limit, 2),
                     "slow_start": record.limit.slow_start,
+                    # Seen queueing calls inside (latency over its base, or a timeout
+                    # while it answered others), and the slots that implied.
+                    "queues": record.limit.queues,
+                    "slots_estimate": None if record.limit.slots is None else round(record.limit.slots, 1),
+                    "waiting": sum(int(v.get("waiting") or 0) for v in views),
                     "latency_s": round(sum(latencies) / len(latencies), 4) if latencies else None,
                     "answered": counts["answered"],
                     "rate_limited": counts["rate_limited"],

@@ -44,6 +44,9 @@ class Endpoint:
     #: The limit when the endpoint last answered: what an outage's cuts fell from.
     answered_limit: float | None = None
     counts: Counter[str] = field(default_factory=Counter)
+    #: When the server is done with the calls that timed out in its queue (their work
+    #: goes on, answered to nobody): one service time over its slots each.
+    unread_until: float = -math.inf
     #: When calls were sent, and those refused with a 429 (the rate the endpoint
     #: accepts), the last 429, and seconds calls waited for its pace since the last report.
     sent: deque[float] = field(default_factory=lambda: deque(maxlen=8192))
@@ -61,6 +64,11 @@ class Endpoint:
     @property
     def limit(self) -> float:
         return self.record.limit.limit
+
+    @property
+    def load(self) -> float:
+        """Calls in flight at the endpoint fleet-wide, estimated from this process's part."""
+        return self.in_flight / max(self.fraction, 1e-3)
 
     @property
     def share(self) -> int:
@@ -86,6 +94,8 @@ class Lease:
     probe: bool
     #: When the call went out (after its pacing).
     sent_at: float = 0.0
+    #: Calls in flight at the endpoint, fleet-wide (estimated), when it went out.
+    load: float = 1.0
     #: Token units reserved under a tokens-per-minute pace, refunded to the usage.
     reserved_tokens: float = 0.0
     released: bool = False
