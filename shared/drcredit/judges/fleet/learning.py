@@ -115,6 +115,17 @@ class Learning:
                 e.record = replace(e.record, limit=limits.grow(e.record.limit, 1))
         if rates is not None:
             self._learn_rates(e, rates)
+        self._rate_floor(e, latency_s)
+
+    def _rate_floor(self, e: Endpoint, latency_s: float) -> None:
+        """A declared rate paces the calls: the limit need not hold them back below it."""
+        record = e.record
+        if record.rpm is None or record.rpm_inferred or record.limit.queues:
+            return
+        floor = limits.rate_floor(record.rpm, latency_s)
+        if floor > record.limit.limit * 1.1:
+            e.record = replace(record, limit=limits.at_least(record.limit, floor))
+            self._background_update(e, lambda r: replace(r, limit=limits.at_least(r.limit, floor)))
 
     def rate_limited(self, lease: Lease, rates: RateHeaders) -> float:
         """A 429: the endpoint is alive but wants fewer calls. Without a rate in its

@@ -71,6 +71,12 @@ RECENT = 16
 BASE_RISE = 0.01
 
 
+#: An endpoint that declares its rate is paced under it: its limit is at least the calls
+#: that rate keeps in flight at the answers' latency, this many times over, from its first
+#: answer (slow start from 64 sent a 150/s quota 81 calls a second for two seconds).
+RATE_FLOOR_FACTOR = 2.0
+
+
 @dataclass(frozen=True)
 class LimitState:
     """An endpoint's learned concurrency, shared by every process calling it."""
@@ -144,6 +150,18 @@ def timed_out(state: LimitState, sent_epoch: int, load: float, base: float | Non
         limit = min(limit, slots * HEADROOM)
     limit = state.bounded(limit)
     return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots)
+
+
+def rate_floor(rpm: float, latency_s: float) -> float:
+    """The limit a declared rate of ``rpm`` needs at answers of ``latency_s``."""
+    return rpm / 60.0 * latency_s * RATE_FLOOR_FACTOR
+
+
+def at_least(state: LimitState, floor: float) -> LimitState:
+    """The limit raised to ``floor`` (within its cap); never lowered."""
+    if floor <= state.limit:
+        return state
+    return replace(state, limit=state.bounded(floor))
 
 
 def relearned(state: LimitState, before: float | None = None) -> LimitState:

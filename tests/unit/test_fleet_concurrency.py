@@ -1,0 +1,142 @@
+"""The concurrency an endpoint is sent, against a server that queues: one test per rule,
+values worked by hand from the rule (Little's law: a call sent with ``L`` in flight to
+``n`` slots waits ``L / n`` service times, so ``n = L x base / latency``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from drcredit.judges.fleet import limits
+from drcredit.judges.fleet.endpoints import EndpointConfig
+from drcredit.judges.fleet.limits import GROW, HOLD, QUEUE, REBASE, LatencyWatch, LimitState, Verdict
+from drcredit.judges.fleet.router import Fleet
+from tests.support import aio
+
+
+def test_a_verdict_is_the_median_latency_over_the_base_and_the_median_slots_implied() -> None:
+    # base 2 s; five answers (latency, calls in flight when sent):
+    samples = [(2.0, 10.0), (4.0, 64.0), (6.0, 96.0), (8.0, 128.0), (4.0, 60.0)]
+    verdict = limits.verdict_of(samples, base=2.0)
+    # latencies sorted 2, 4, 4, 6, 8: median 4 -> ratio 2; loads sorted 10, 60, 64, 96, 128: 64;
+    # slots: 10x2/2 = 10, 64x2/4 = 32, 96x2/6 = 32, 128x2/8 = 32, 60x2/4 = 30 -> sorted 10, 30, 32, 32, 32: 32
+    assert verdict == Verdict(ratio=2.0, load=64.0, slots=32.0)
+
+
+@pytest.mark.parametrize(
+    ("state", "verdict", "kw", "action"),
+    [
+        (LimitState(), None, {}, GROW),  # too few answers yet: slow start grows
+        (LimitState(), None, {"late_one": True}, HOLD),  # in slow start, an answer late on its own
+        (LimitState(), Verdict(1.4, 64, 40), {}, GROW),  # within 1.5x, no queue known
+        (LimitState(), Verdict(1.6, 64, 40), {}, QUEUE),  # over 1.5x: a queue
+        (LimitState(40, 40, 1, queues=True), Verdict(1.3, 40, 32), {}, HOLD),  # known queue, over 1.25x
+        (LimitState(40, 40, 1, queues=True), Verdict(1.2, 40, 32), {}, GROW),  # known queue, within 1.25x
+        (LimitState(40, 40, 1, queues=True), Verdict(1.2, 40, 32), {"late_one": True}, GROW),  # past slow start
+        # Late again right after a queue cut, from calls within it, the old ones answered: slower server.
+        (LimitState(40, 40, 1, queues=True), Verdict(2.0, 40, 20), {"after_queue_cut": True}, REBASE),
+        # ... the same with calls from before the cut still out, or sent beyond the limit: a queue.
+        (
+            LimitState(40, 40, 1, queues=True),
+            Verdict(2.0, 40, 20),
+            {"after_queue_cut": True, "drained": False},
+            QUEUE,
+        ),
+        (LimitState(40, 40, 1, queues=True), Verdict(2.0, 64, 20), {"after_queue_cut": True}, QUEUE),
+    ],
+)
+def test_what_a_verdict_asks_of_the_limit(
+    state: LimitState, verdict: Verdict | None, kw: dict[str, bool], action: str
+) -> None:
+    assert limits.respond(state, verdict, **kw) == action
+
+
+def test_a_queue_sets_the_limit_to_the_slots_with_the_headroom_once_per_round() -> None:
+    after = limits.queued(LimitState(limit=256.0), sent_epoch=0, slots=32.0)
+    assert after == LimitState(limit=40.0, ssthresh=40.0, epoch=1, queues=True, slots=32.0)  # 32 x 1.25
+    assert limits.queued(after, sent_epoch=0, slots=8.0) is after  # sent before the cut
+    # An estimate above the limit does not raise it, but ends slow start.
+    kept = limits.queued(LimitState(limit=64.0), sent_epoch=0, slots=100.0)
+    assert (kept.limit, kept.ssthresh, kept.slow_start) == (64.0, 64.0, False)
+
+
+def test_a_timeout_under_load_bounds_the_slots_by_load_times_base_over_the_wait() -> None:
+    # 200 in flight when sent, base 2 s, no answer in 20 s: fewer than 200 x 2 / 20 = 20 slots.
+    after = limits.timed_out(LimitState(limit=100.0), sent_epoch=0, load=200.0, base=2.0, waited_s=20.0)
+    assert after == LimitState(limit=25.0, ssthresh=25.0, epoch=1, queues=True, slots=20.0)  # 20 x 1.25
+    # A bound above 0.7x the limit: the error cut (100 x 0.7).
+    loose = limits.timed_out(LimitState(limit=100.0), sent_epoch=0, load=2000.0, base=2.0, waited_s=20.0)
+    assert loose.limit == pytest.approx(70.0)
+    # No latency known yet: the error cut alone.
+    assert limits.timed_out(LimitState(limit=100.0), 0, 200.0, None, 20.0).limit == pytest.approx(70.0)
+    assert limits.timed_out(after, sent_epoch=0, load=200.0, base=2.0, waited_s=20.0) is after
+
+
+def test_a_declared_rate_floors_the_limit_at_twice_the_calls_it_keeps_in_flight() -> None:
+    # 9,000 a minute = 150/s at 1.2 s a call: 180 in flight, twice that 360.
+    assert limits.rate_floor(9000.0, 1.2) == pytest.approx(360.0)
+    assert limits.at_least(LimitState(limit=64.0), 360.0).limit == 360.0
+    assert limits.at_least(LimitState(limit=400.0), 360.0).limit == 400.0  # never lowered
+    assert limits.at_least(LimitState(limit=64.0, cap=100.0), 360.0).limit == 100.0  # within its cap
+
+
+def test_the_base_stops_rising_once_a_queue_is_known_and_a_rebase_takes_the_median() -> None:
+    watch = LatencyWatch()
+    for _ in range(limits.RECENT):
+        watch.observe(2.0)
+    assert watch.base == 2.0
+    for _ in range(limits.RECENT):
+        watch.observe(3.0, rise=False)
+    assert watch.base == 2.0  # a queued median is not the server's pace
+    watch.observe(3.0, rise=True)
+    assert watch.base == pytest.approx(2.0 + limits.BASE_RISE * (3.0 - 2.0))
+    watch.rebase()
+    assert watch.base == 3.0 and not watch.after_queue_cut
+
+
+def test_one_late_answer_is_told_against_the_base_or_the_first_answers_median() -> None:
+    watch = LatencyWatch()
+    assert not watch.late(100.0)  # nothing to compare with
+    for latency in (1.0, 1.0, 2.0, 1.0):
+        watch.observe(latency)
+    # the first four: median (the 3rd smallest of 1, 1, 1, 2) is 1: late past 1.5
+    assert watch.late(1.6) and not watch.late(1.5)
+
+
+def test_a_timeout_while_the_endpoint_answers_others_cuts_the_limit_and_keeps_it_in_the_rotation() -> None:
+    async def run() -> tuple[Fleet, float]:
+        clock = [0.0]
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: clock[0])
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, limit=LimitState(100.0))
+        for _ in range(limits.RECENT):
+            e.latency.observe(2.0)  # base 2 s
+        e.in_flight = 199
+        lease = fleet._lease(e, probe=False)  # 200 in flight with it
+        clock[0] = 10.0
+        e.health.answered(clock[0])  # another call answered meanwhile
+        clock[0] = 20.0
+        for _ in range(5):  # more than it takes to open the breaker
+            fleet.failed(lease, "timeout", "no answer within 20s")
+        return fleet, e.record.limit.limit
+
+    fleet, limit = aio.run(run())
+    e = fleet.endpoints[0]
+    assert limit == pytest.approx(200 * 2.0 / 20.0 * limits.HEADROOM)  # 25
+    assert e.health.up and e.health.failures == 0 and e.counts["timeout"] == 5
+
+
+def test_a_timeout_when_nothing_answers_counts_toward_taking_the_endpoint_out() -> None:
+    async def run() -> Fleet:
+        clock = [0.0]
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: clock[0])
+        e = fleet.endpoints[0]
+        e.health.answered(0.0)  # its last answer
+        lease = fleet._lease(e, probe=False)
+        lease.sent_at = 150.0
+        clock[0] = 250.0  # no answer in the 200 s before: not a queue
+        fleet.failed(lease, "timeout", "no answer within 100s")
+        return fleet
+
+    assert aio.run(run()).endpoints[0].health.failures == 1
