@@ -163,3 +163,32 @@ def test_a_group_scored_through_the_api_on_a_real_judge_ends_done(llama: LlamaSe
             assert j["model"] == MODEL and j["prompt_tokens"] > 0
     assert progress["judge_calls"] >= len(judgments)
     assert status["judge"]["model"] == MODEL
+
+
+def test_without_its_slots_stated_the_platform_sees_the_queue_and_sends_fewer(llama: LlamaServer) -> None:
+    """The same server with ``/props`` hidden, as vLLM or SGLang would be: nothing says it
+    has two slots. With a cap of 12 (an operator's guess), 36 calls at once: the answers
+    queued in the server come back later and later against one call's time, and the
+    platform lowers its limit below the cap from them; no call times out, every one
+    is answered."""
+    import json
+
+    with recording_proxy(llama.root, refuse=("/props",)) as proxy:
+        endpoints = json.dumps([{"url": proxy.url, "max_concurrency": 12}])
+        judge = OpenAIJudge(
+            base_url=endpoints,
+            model=MODEL,
+            max_tokens=32,
+            timeout_s=300,
+            retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01, backoff_max_s=0.05),
+        )
+        results, _ = asyncio.run(_judge_at_once(judge, 36))
+
+    endpoint = judge.fleet.endpoints[0]
+    assert endpoint.record.slots is None  # not stated
+    outcomes = {a.outcome for r in results for a in r.attempts}
+    assert outcomes <= {"ok", "invalid"}, [a.error for r in results for a in r.attempts]
+    state = endpoint.record.limit
+    assert state.queues and state.slots is not None, state
+    assert endpoint.limit < 12, state
+    print(f"learned slots {state.slots:.1f}, limit {state.limit:.1f} (2 slots, cap 12); peak {proxy.peak_in_flight}")

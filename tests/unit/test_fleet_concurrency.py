@@ -95,6 +95,20 @@ def test_the_base_stops_rising_once_a_queue_is_known_and_a_rebase_takes_the_medi
     assert watch.base == 3.0 and not watch.after_queue_cut
 
 
+def test_a_first_wave_into_few_slots_takes_its_base_from_the_calls_sent_with_fewest_ahead() -> None:
+    # 12 calls at once into 2 slots of 1 s, then each answer replaced: answers 1 s, 1, 2, 2,
+    # ..., 6, 6 (sent with 1, 2, ..., 12 out), then four at 6 s (sent with 12 out).
+    watch = LatencyWatch()
+    for k in range(12):
+        watch.observe(float(k // 2 + 1), float(k + 1), rise=False)
+    for _ in range(4):
+        verdict = watch.observe(6.0, 12.0, rise=False)  # (no slow rise: its own rule)
+    # The window's median latency is 5 s; its median load 12, and the six sent with at
+    # most 6 out answered in 1, 1, 2, 2, 3, 3 s: their median (the 4th smallest) is 2.
+    assert watch.base == 2.0
+    assert verdict is not None and verdict.ratio == 5.0 / 2.0
+
+
 def test_one_late_answer_is_told_against_the_base_or_the_first_answers_median() -> None:
     watch = LatencyWatch()
     assert not watch.late(100.0)  # nothing to compare with

@@ -239,8 +239,9 @@ def respond(
 class LatencyWatch:
     """Tells answers slowed by queueing inside the server from the server's own pace.
 
-    The base is a low-water mark of the recent median latency: it follows the median
-    down at once; before the endpoint is seen queueing it also rises slowly
+    The base is a low-water mark of the recent median latency (or of the median of the
+    answers sent with the fewest calls ahead, when the window mixes light and heavy
+    loads): it follows them down at once; before the endpoint is seen queueing it also rises slowly
     (:data:`BASE_RISE` per answer), so a server that is simply slow has a slow base;
     once it queues, only :meth:`rebase` raises it (a rise then would take the queue for
     the server's pace). Per process and endpoint.
@@ -256,6 +257,15 @@ class LatencyWatch:
         #: The quickest answer yet (the base's stand-in before there is one).
         self.fastest: float | None = None
 
+    def _light_median(self) -> float:
+        """The median latency of the answers sent with at most half the window's median
+        load (math.inf with fewer than three): in a first wave sent at once into a few
+        slots, the window's own median is already queued, and these are the calls that
+        met the fewest ahead of them."""
+        loads = sorted(load for _, load in self._recent)
+        light = sorted(lat for lat, load in self._recent if load <= loads[len(loads) // 2] / 2)
+        return light[len(light) // 2] if len(light) >= 3 else math.inf
+
     def track(self, latency_s: float) -> None:
         """An answer's latency for the router's pace only (its call was sent before a cut)."""
         self.ewma = latency_s if self.ewma is None else self.ewma + 0.2 * (latency_s - self.ewma)
@@ -269,8 +279,9 @@ class LatencyWatch:
         if len(self._recent) < RECENT:
             return None
         median = sorted(lat for lat, _ in self._recent)[RECENT // 2]
-        if self.base is None or median < self.base:
-            self.base = median
+        lowest = min(median, self._light_median())
+        if self.base is None or lowest < self.base:
+            self.base = lowest
         verdict = verdict_of(self._recent, self.base)
         if rise:
             self.base += BASE_RISE * (median - self.base)
