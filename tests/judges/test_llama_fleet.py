@@ -165,9 +165,10 @@ def test_a_group_scored_through_the_api_on_a_real_judge_ends_done(llama: LlamaSe
     assert status["judge"]["model"] == MODEL
 
 
+@pytest.mark.timeout(900)
 def test_without_its_slots_stated_the_platform_sees_the_queue_and_sends_fewer(llama: LlamaServer) -> None:
     """The same server with ``/props`` hidden, as vLLM or SGLang would be: nothing says it
-    has two slots. With a cap of 12 (an operator's guess), 36 calls at once: the answers
+    has two slots. With a cap of 12 (an operator's guess), 28 calls at once: the answers
     queued in the server come back later and later against one call's time, and the
     platform lowers its limit below the cap from them; no call times out, every one
     is answered."""
@@ -178,11 +179,11 @@ def test_without_its_slots_stated_the_platform_sees_the_queue_and_sends_fewer(ll
         judge = OpenAIJudge(
             base_url=endpoints,
             model=MODEL,
-            max_tokens=32,
-            timeout_s=300,
+            max_tokens=16,
+            timeout_s=600,
             retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01, backoff_max_s=0.05),
         )
-        results, _ = asyncio.run(_judge_at_once(judge, 36))
+        results, _ = asyncio.run(_judge_at_once(judge, 28))
 
     endpoint = judge.fleet.endpoints[0]
     assert endpoint.record.slots is None  # not stated

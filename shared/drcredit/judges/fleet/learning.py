@@ -74,6 +74,7 @@ class Learning:
             e.answered_limit = e.record.limit.limit
         if latency_s is None:
             return
+        e.proven = max(e.proven, e.in_flight)
         state = e.record.limit
         if lease.epoch < state.epoch:
             # Sent before the last cut: its latency is the old load's, not the new limit's.

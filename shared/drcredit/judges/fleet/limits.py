@@ -164,6 +164,18 @@ def at_least(state: LimitState, floor: float) -> LimitState:
     return replace(state, limit=state.bounded(floor))
 
 
+def growth_pace(state: LimitState, in_flight: int, proven: float, share: int, latency_s: float) -> float | None:
+    """Calls per second a process may send an endpoint beyond ``proven`` in flight (the
+    most it has answered at once, at least its part of the initial limit), in slow
+    start (None: no pace). Slow start quadruples the limit per round, and
+    the new room taken at once hit an unstated quota with a burst it refused whole (14%
+    of a first step's calls were 429s): the calls beyond go out spread over a round, at
+    ``share / latency``, so that the first 429 stops them early."""
+    if not state.slow_start or in_flight <= proven:
+        return None
+    return share / max(latency_s, 1e-3)
+
+
 def relearned(state: LimitState, before: float | None = None) -> LimitState:
     """The endpoint is back after an outage. The cuts its outage caused (its calls failing
     to connect until it was taken out) say nothing of its capacity: it gets back

@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from drcredit import metrics
 from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.endpoints import EndpointConfig
-from drcredit.judges.fleet.rates import QUIET_S, RateLimits, probed_rpm
+from drcredit.judges.fleet.rates import QUIET_S, RateLimits, probed_rpm, reserve
 from drcredit.judges.fleet.state import Endpoint, Lease
 from drcredit.judges.fleet.store import EndpointRecord, FleetStore, ProcessReport
 
@@ -103,6 +103,9 @@ class Sharing:
         A call whose pace was lowered meanwhile takes a turn on the new schedule.
         """
         e = lease.endpoint
+        growth = None if e.record.rpm is not None else self._growth_wait(e)
+        if growth:
+            await asyncio.sleep(growth)
         while True:
             pace = e.record.rpm
             schedules: list[tuple[str, float, float]] = []
@@ -138,6 +141,16 @@ class Sharing:
         lease.sent_at = self._clock()
         lease.load = e.load
         e.sent.append(lease.sent_at)
+
+    def _growth_wait(self, e: Endpoint) -> float:
+        """Slow start's new room on an endpoint with no known rate, spread over a round
+        (:func:`limits.growth_pace`); seconds this call waits."""
+        proven = max(e.proven, limits.INITIAL_LIMIT * e.fraction)
+        rate = limits.growth_pace(e.record.limit, e.in_flight, proven, e.share, e.pace(1.0))
+        if rate is None:
+            return 0.0
+        e.growth_tat, wait = reserve(e.growth_tat, self._clock(), 1.0, rate)
+        return wait
 
     async def settle_tokens(self, lease: Lease, used: float) -> None:
         """Give back what a call reserved under a tokens-per-minute pace beyond its usage."""

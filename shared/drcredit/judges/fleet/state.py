@@ -41,6 +41,10 @@ class Endpoint:
     cool_until: float = 0.0
     #: Answers at normal latency while busy, not yet added to the shared limit.
     grown: float = 0.0
+    #: The most calls it had in flight when one was answered (what it has shown it takes),
+    #: and the slow-start schedule of the calls sent beyond that (see ``Sharing.pace``).
+    proven: int = 0
+    growth_tat: float = 0.0
     #: The limit when the endpoint last answered: what an outage's cuts fell from.
     answered_limit: float | None = None
     counts: Counter[str] = field(default_factory=Counter)
