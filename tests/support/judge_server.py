@@ -107,6 +107,11 @@ class JudgeServer:
     close_connections: bool = False
     #: Append each served call to this file as a JSON line (a server in another process).
     calls_log: Path | None = None
+    #: A server that queues (vLLM, SGLang): this many calls served at once, the others
+    #: waiting inside in arrival order (0: all at once); the most that waited.
+    slots: int = 0
+    peak_queued: int = 0
+    _gate: asyncio.Semaphore | None = None
 
     def down(self) -> None:
         """Stop serving: every connection is refused until :meth:`up`."""
@@ -168,10 +173,16 @@ def _app(server: JudgeServer) -> Starlette:
                 with server.calls_log.open("a") as log:
                     log.write(json.dumps({"key": call_key(call), "at": time.time()}) + "\n")
         reply = server.script(call)
+        if server.slots:
+            gate = server._gate = server._gate or asyncio.Semaphore(server.slots)
+            server.peak_queued = max(server.peak_queued, server.in_flight + 1 - server.slots)
         server.in_flight += 1
         server.peak_in_flight = max(server.peak_in_flight, server.in_flight)
         try:
-            if reply.delay:
+            if server.slots:
+                async with gate:
+                    await asyncio.sleep(reply.delay)
+            elif reply.delay:
                 await asyncio.sleep(reply.delay)
         finally:
             server.in_flight -= 1
@@ -223,16 +234,18 @@ def running_judge(
     rate: RateLimit | None = None,
     close_connections: bool = False,
     backlog: int = 2048,
+    slots: int = 0,
 ) -> Iterator[JudgeServer]:
     """A judge server for the block; ``server.down()`` and ``server.up()`` stop it (connections
     refused) and start it again on the same port. ``backlog``: the listen queue (a small
-    server accepts few connections at once)."""
+    server accepts few connections at once); ``slots``: a server that queues the rest."""
     server = JudgeServer(
         script,
         port=free_port(),
         reject_response_format=reject_response_format,
         rate=rate,
         close_connections=close_connections,
+        slots=slots,
     )
     live = LiveServer(_app(server), lifespan="off", port=server.port, backlog=backlog)
     server.live = live

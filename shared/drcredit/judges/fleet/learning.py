@@ -1,7 +1,9 @@
 """What the fleet learns from each exchange: health, limits, rate limits.
 
-An answer at normal latency from a busy endpoint grows its limit; a 429, a 5xx, a
-connect failure or an answer slowed by queueing cuts it (:mod:`~drcredit.judges.fleet.limits`);
+An answer at normal latency from a busy endpoint grows its limit; a 429, a 5xx or a
+connect failure cuts it; answers slowed by a queue inside the server set it to the
+slots they imply, and a timeout while the server answers others lowers it without
+counting against the endpoint's health (:mod:`~drcredit.judges.fleet.limits`);
 a 429 teaches the endpoint's rate (:mod:`~drcredit.judges.fleet.rates`) and its
 ``retry-after`` is waited out (by the endpoint until a pace is known, then by the refused
 call); failures without an answer take it out of the rotation, connection failures
