@@ -207,7 +207,8 @@ class Learning:
         ):
             load, base = lease.load, e.latency.base or e.latency.fastest
             slots = e.record.limit.slots or e.limit
-            e.unread_until = max(e.unread_until, now) + (base or waited) / max(slots, 1.0)
+            e.unread_spacing = (base or waited) / max(slots, 1.0)
+            e.unread_until = max(e.unread_until, now) + e.unread_spacing
             self._change(lease, lambda s: limits.timed_out(s, lease.epoch, load, base, waited))
             e.latency.forget_recent()
             return

@@ -178,7 +178,8 @@ class Fleet(Learning, Sharing):
             scored.append((e, math.inf if ewma is None else ewma / e.config.weight))
             if expected < best_time:
                 best, best_time = e, expected
-        if best is None or best.in_flight >= best.share:
+        # Calls that timed out in its queue still take places there until it is done with them.
+        if best is None or best.in_flight + best.unread(now) >= best.share:
             return None
         return steer(key, scored, best)
 
@@ -246,14 +247,15 @@ class Fleet(Learning, Sharing):
         return False
 
     def _arm_timer(self) -> None:
-        """Wake the waiters when a cooling endpoint warms up."""
+        """Wake the waiters when a cooling endpoint warms up, or one is done with the calls
+        that timed out in its queue."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if not (self._waiters or self._special):
             return
         now = self._clock()
-        due = [e.cool_until for e in self.endpoints if e.cool_until > now]
+        due = [t for e in self.endpoints for t in (e.cool_until, e.unread_until) if t > now]
         if due:
             delay = max(0.0, min(due) - now) + 0.001
             self._timer = asyncio.get_running_loop().call_later(delay, self._dispatch)

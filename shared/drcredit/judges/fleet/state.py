@@ -49,8 +49,10 @@ class Endpoint:
     answered_limit: float | None = None
     counts: Counter[str] = field(default_factory=Counter)
     #: When the server is done with the calls that timed out in its queue (their work
-    #: goes on, answered to nobody): one service time over its slots each.
+    #: goes on, answered to nobody), at ``unread_spacing`` seconds each (one service time
+    #: over its slots): until then they hold places as if in flight.
     unread_until: float = -math.inf
+    unread_spacing: float = 0.0
     #: When calls were sent, and those refused with a 429 (the rate the endpoint
     #: accepts), the last 429, and seconds calls waited for its pace since the last report.
     sent: deque[float] = field(default_factory=lambda: deque(maxlen=8192))
@@ -73,6 +75,12 @@ class Endpoint:
     def load(self) -> float:
         """Calls in flight at the endpoint fleet-wide, estimated from this process's part."""
         return self.in_flight / max(self.fraction, 1e-3)
+
+    def unread(self, now: float) -> int:
+        """Calls that timed out still in the server's queue (by the estimate), at ``now``."""
+        if now >= self.unread_until or self.unread_spacing <= 0:
+            return 0
+        return math.ceil((self.unread_until - now) / self.unread_spacing)
 
     @property
     def share(self) -> int:
