@@ -122,17 +122,21 @@ def test_a_rate_limited_judge_fails_nothing_and_few_429s(tmp_path: Path, pg_url:
 
 
 def test_a_server_that_queues_is_learned_and_shown_in_readyz(tmp_path: Path, pg_url: str) -> None:
-    """A judge with 6 slots (0.2 s a call) that queues the rest and says nothing of it:
-    the workers learn that it queues and send about its slots; /readyz shows the limit,
-    the slots estimated and the calls waiting in the platform."""
+    """A judge with 3 slots (0.2 s a call) that queues the rest and says nothing of it,
+    capped at 24 by its operator: the workers see the queue in the answers' latency and
+    send fewer than the cap; /readyz shows the limit, the slots estimated and the calls
+    waiting in the platform."""
+    import json
+
     groups = [marker_group(seed, f"qs{seed}", rollouts=4, max_turns=8) for seed in range(90, 96)]
     ids = [g["group_id"] for g in groups]
-    with running_judge(slow_marker(0.2), slots=6) as judge, redis_db() as broker:
-        workers = Workers(worker_env(pg_url, broker, judge.url, **PLAIN), tmp_path)
+    with running_judge(slow_marker(0.2), slots=3) as judge, redis_db() as broker:
+        fleet = json.dumps([{"url": judge.url, "max_concurrency": 24}])
+        workers = Workers(worker_env(pg_url, broker, fleet, **PLAIN), tmp_path)
         try:
             workers.start("visit_judge", 8)
             workers.start("visit_judge,snippet_matcher,credit_aggregator", 8)
-            with api_client(pg_url, judge.url, broker_url=broker, auto_migrate=False) as client:
+            with api_client(pg_url, fleet, broker_url=broker, auto_migrate=False) as client:
                 client.post("/v1/batches", json={"batch_id": "qs", "groups": groups})
                 seen: list[dict[str, Any]] = []
 
@@ -141,8 +145,8 @@ def test_a_server_that_queues_is_learned_and_shown_in_readyz(tmp_path: Path, pg_
                     seen.append(endpoint)
                     return bool(endpoint.get("queues"))
 
-                wait_for(learned, timeout=120)
-                got = batch_advantages(client, "qs", timeout=300)
+                wait_for(learned, timeout=240)
+                got = batch_advantages(client, "qs", timeout=600)
                 failed = failed_judgments(client, ids)
         finally:
             workers.stop_all()
@@ -150,8 +154,8 @@ def test_a_server_that_queues_is_learned_and_shown_in_readyz(tmp_path: Path, pg_
     assert_same_advantages(got, want)
     assert failed == 0
     shown = seen[-1]
-    assert shown["slots_estimate"] is not None and 3 <= shown["slots_estimate"] <= 18, shown
-    assert shown["limit"] < limits.INITIAL_LIMIT, shown
+    assert shown["slots_estimate"] is not None and 1.5 <= shown["slots_estimate"] <= 12, shown
+    assert shown["limit"] < 24, shown
     assert isinstance(shown["waiting"], int) and shown["waiting"] >= 0
 
 
