@@ -168,10 +168,10 @@ def test_a_group_scored_through_the_api_on_a_real_judge_ends_done(llama: LlamaSe
 @pytest.mark.timeout(900)
 def test_without_its_slots_stated_the_platform_sees_the_queue_and_sends_fewer(llama: LlamaServer) -> None:
     """The same server with ``/props`` hidden, as vLLM or SGLang would be: nothing says it
-    has two slots. With a cap of 12 (an operator's guess), 28 calls at once: the answers
-    queued in the server come back later and later against one call's time, and the
-    platform lowers its limit below the cap from them; no call times out, every one
-    is answered."""
+    has two slots. Three calls one after another show its time for a call alone; then,
+    with a cap of 12 (an operator's guess), 24 calls at once: their answers come back
+    several service times later, queued in the server, and the platform lowers its limit
+    below the cap from them (Little's law); every call is answered, none times out."""
     import json
 
     with recording_proxy(llama.root, refuse=("/props",)) as proxy:
@@ -183,7 +183,13 @@ def test_without_its_slots_stated_the_platform_sees_the_queue_and_sends_fewer(ll
             timeout_s=600,
             retry=RetryPolicy(max_attempts=2, backoff_initial_s=0.01, backoff_max_s=0.05),
         )
-        results, _ = asyncio.run(_judge_at_once(judge, 28))
+
+        async def alone_then_at_once() -> list[JudgeResult[Any]]:
+            alone = [await judge.ajudge_snippets(snippet_request()) for _ in range(3)]
+            results, _ = await _judge_at_once(judge, 24)
+            return alone + results
+
+        results = asyncio.run(alone_then_at_once())
 
     endpoint = judge.fleet.endpoints[0]
     assert endpoint.record.slots is None  # not stated
