@@ -84,10 +84,7 @@ class Learning:
             if rates is not None:
                 self._learn_rates(e, rates)
             return
-        # The base rises with the median only while no queue is known, or from calls sent
-        # within the slots estimated (no queue to inflate them).
-        rise = not state.queues or (state.slots is not None and lease.load <= state.slots)
-        verdict = e.latency.observe(latency_s, lease.load, rise=rise)
+        verdict = e.latency.observe(latency_s, lease.load)
         # Busy: at least half its share in flight, this call included. Only then does
         # an answer say something of the limit: one at normal latency that the endpoint
         # kept pace with that load (it may take more), a late one that the load queues

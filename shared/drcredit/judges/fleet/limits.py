@@ -14,10 +14,10 @@ longer was sent into a queue. By Little's law a server with ``n`` slots that was
 ``load`` calls answers them in ``load / n`` service times, so ``load x base / latency``
 estimates its slots: on a late verdict (:data:`INFLATION`) the limit is set at once to
 that estimate with :data:`HEADROOM` (not cut by a factor round after round: the queue
-the first wave built would outlast the answer timeout). Once an endpoint is known to
-queue it grows only while the median stays within :data:`QUEUE_TOLERANCE` of the base,
-so the calls beyond its slots wait in the platform (in priority order, no timeout
-running). A call that times out while the endpoint answers others is a queue too: the
+the first wave built would outlast the answer timeout); then it grows again by a few
+calls a round until the next late verdict, so the limit stays between its slots and half
+as many again, and the calls beyond wait in the platform (in priority order, no
+timeout running). A call that times out while the endpoint answers others is a queue too: the
 slots are fewer than ``load x base / timeout`` (:func:`timed_out`). A late verdict right
 after a queue cut, from calls sent within the new limit, says the server itself slowed
 (other clients, longer prompts): the base is learnt again instead of cutting twice.
@@ -63,12 +63,14 @@ INFLATION = 1.5
 #: slot freed is taken at once (each answer's round trip) and the estimate's noise
 #: (a lognormal server's median) does not leave slots idle.
 HEADROOM = 1.25
-#: An endpoint known to queue grows only while its median is within this of the base.
-QUEUE_TOLERANCE = 1.25
 #: Answers the recent median is taken over.
 RECENT = 16
-#: Weight of each answer in the base latency's slow rise (it falls at once).
-BASE_RISE = 0.01
+#: The base is this low quantile of the last :data:`BASE_MEMORY` medians of the recent
+#: answers: low enough to be the latency when nothing queues (each cut lets the queue
+#: drain), high enough that a noisy server's luckiest windows do not set it. A running
+#: minimum did: it only fell, and a lognormal judge's limit sank to half its slots.
+BASE_QUANTILE = 0.1
+BASE_MEMORY = 256
 
 
 #: An endpoint that declares its rate is paced under it: its limit is at least the calls
@@ -235,15 +237,12 @@ def respond(
     the server itself slowed, and the base is learnt again. In slow start an answer
     late on its own (``late_one``) does not grow the limit: slow start quadruples per
     round, and waiting for the median let it send a 32-slot server ten times its
-    slots. An endpoint known to queue holds while its median is between
-    :data:`QUEUE_TOLERANCE` and :data:`INFLATION` of the base; else it grows."""
+    slots. Else it grows: past slow start by a few calls a round, up to the next late
+    verdict (holding below it instead left a server whose base was read low, from the
+    quickest answers of a noisy first wave, at half its slots)."""
     if verdict is not None and verdict.ratio > INFLATION:
         return REBASE if after_queue_cut and drained and verdict.load <= state.limit else QUEUE
     if state.slow_start and late_one:
-        return HOLD
-    if verdict is None:
-        return GROW
-    if state.queues and verdict.ratio > QUEUE_TOLERANCE:
         return HOLD
     return GROW
 
@@ -251,16 +250,16 @@ def respond(
 class LatencyWatch:
     """Tells answers slowed by queueing inside the server from the server's own pace.
 
-    The base is a low-water mark of the recent median latency (or of the median of the
-    answers sent with the fewest calls ahead, when the window mixes light and heavy
-    loads): it follows them down at once; before the endpoint is seen queueing it also rises slowly
-    (:data:`BASE_RISE` per answer), so a server that is simply slow has a slow base;
-    once it queues, only :meth:`rebase` raises it (a rise then would take the queue for
-    the server's pace). Per process and endpoint.
+    The base is a low quantile (:data:`BASE_QUANTILE`) of the medians of the recent
+    answers over the last :data:`BASE_MEMORY` answers (each median, where the window
+    mixes light and heavy loads, from the answers sent with the fewest calls ahead): it
+    follows a faster server at once and a slower one within that memory. Per process
+    and endpoint.
     """
 
     def __init__(self) -> None:
         self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
+        self._medians: deque[float] = deque(maxlen=BASE_MEMORY)
         self.base: float | None = None
         #: Smoothed latency of answers (the router's estimate of the endpoint's pace).
         self.ewma: float | None = None
@@ -283,7 +282,7 @@ class LatencyWatch:
         self.ewma = latency_s if self.ewma is None else self.ewma + 0.2 * (latency_s - self.ewma)
         self.fastest = latency_s if self.fastest is None else min(self.fastest, latency_s)
 
-    def observe(self, latency_s: float, load: float = 1.0, *, rise: bool = True) -> Verdict | None:
+    def observe(self, latency_s: float, load: float = 1.0) -> Verdict | None:
         """Record an answer's latency and the calls in flight when it was sent; the
         recent answers' verdict (None until there are :data:`RECENT` of them)."""
         self.track(latency_s)
@@ -291,13 +290,9 @@ class LatencyWatch:
         if len(self._recent) < RECENT:
             return None
         median = sorted(lat for lat, _ in self._recent)[RECENT // 2]
-        lowest = min(median, self._light_median())
-        if self.base is None or lowest < self.base:
-            self.base = lowest
-        verdict = verdict_of(self._recent, self.base)
-        if rise:
-            self.base += BASE_RISE * (median - self.base)
-        return verdict
+        self._medians.append(min(median, self._light_median()))
+        self.base = sorted(self._medians)[int(len(self._medians) * BASE_QUANTILE)]
+        return verdict_of(self._recent, self.base)
 
     def late(self, latency_s: float) -> bool:
         """This answer alone is over :data:`INFLATION` of the base (before there is one,
@@ -315,5 +310,7 @@ class LatencyWatch:
         """The server itself is slower now: its base is the recent median."""
         if self._recent:
             self.base = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
+            self._medians.clear()
+            self._medians.append(self.base)
         self._recent.clear()
         self.after_queue_cut = False
