@@ -108,6 +108,8 @@ def max_diff(got: dict[str, Any], want: dict[str, Any], suffix: str) -> float:
     """Largest |difference| of any advantage between a run and the reference run."""
     worst = 0.0
     for gid, doc in want.items():
+        if "rollouts" not in got[f"{gid}-{suffix}"]:
+            return math.inf  # no advantages at all (groups_without_advantages says why)
         for ra, rb in zip(got[f"{gid}-{suffix}"]["rollouts"], doc["rollouts"], strict=True):
             worst = max(worst, abs(ra["outcome_advantage"] - rb["outcome_advantage"]))
             for ta, tb in zip(ra["turns"], rb["turns"], strict=True):
@@ -116,7 +118,12 @@ def max_diff(got: dict[str, Any], want: dict[str, Any], suffix: str) -> float:
 
 
 def failed_judgments(run: dict[str, Any]) -> int:
-    return sum(doc["progress"]["judgments_failed"] for doc in run["advantages"].values())
+    return sum(doc.get("progress", {}).get("judgments_failed", 0) for doc in run["advantages"].values())
+
+
+def groups_without_advantages(run: dict[str, Any]) -> dict[str, Any]:
+    """Groups of the step that came back without advantages (a failed group), by status."""
+    return {gid: doc.get("status") for gid, doc in run["advantages"].items() if "progress" not in doc}
 
 
 class Killer(threading.Thread):
@@ -248,6 +255,7 @@ def measure(
         "rate_limited_per_served": refused / total if total else 0.0,
         "shares": [c / total if total else 0.0 for c in calls],
         "failed_judgments": failed_judgments(run),
+        "groups_without_advantages": groups_without_advantages(run),
         "max_abs_diff_vs_reference": max_diff(run["advantages"], reference, suffix),
     }
     if killer is not None and killer.served_before is not None:
@@ -312,6 +320,8 @@ def run_line(k: int, repeat: int, run: dict[str, Any]) -> str:
         f" 429s {run['rate_limited']} ({100 * run['rate_limited_per_served']:.1f}% of {run['calls_served']} served);"
         f" shares {shares}; failed {run['failed_judgments']}; max |diff| {run['max_abs_diff_vs_reference']:.1e}"
     )
+    if run.get("groups_without_advantages"):
+        line += f"; groups without advantages {run['groups_without_advantages']}"
     if "baseline_s" in run:
         line += f"; in-trainer scorer {run['baseline_s']:.2f} s ({run['wall_s'] / run['baseline_s']:.2f}x)"
     if "audit_beside" in run:
