@@ -9,7 +9,7 @@ failure cuts it by :data:`ERROR_CUT` (multiplicative decrease).
 Servers that queue (vLLM, SGLang, TGI: a fixed number of slots, every other call
 waiting inside, first come first served, and nothing saying how many) are read the way
 TCP Vegas reads a path: against the latency the server shows when nothing queues (the
-*base*, a low-water mark of the recent median), an answer that took ``ratio`` times
+*base*, a low quantile of the recent medians), an answer that took ``ratio`` times
 longer was sent into a queue. By Little's law a server with ``n`` slots that was sent
 ``load`` calls answers them in ``load / n`` service times, so ``load x base / latency``
 estimates its slots: on a late verdict (:data:`INFLATION`) the limit is set at once to
