@@ -29,20 +29,20 @@ def test_a_verdict_is_the_median_latency_over_the_base_and_the_median_slots_impl
     [
         (LimitState(), None, {}, GROW),  # too few answers yet: slow start grows
         (LimitState(), None, {"late_one": True}, HOLD),  # in slow start, an answer late on its own
-        (LimitState(), Verdict(1.4, 64, 40), {}, GROW),  # within 1.5x, no queue known
-        (LimitState(), Verdict(1.6, 64, 40), {}, QUEUE),  # over 1.5x: a queue
-        (LimitState(40, 40, 1, queues=True), Verdict(1.4, 40, 32), {}, GROW),  # known queue, within 1.5x
+        (LimitState(), Verdict(1.9, 64, 40), {}, GROW),  # within 2x
+        (LimitState(), Verdict(2.1, 64, 40), {}, QUEUE),  # over 2x: a queue
+        (LimitState(40, 40, 1, queues=True), Verdict(1.9, 40, 32), {}, GROW),  # known queue, within 2x
         (LimitState(40, 40, 1, queues=True), Verdict(1.2, 40, 32), {"late_one": True}, GROW),  # past slow start
         # Late again right after a queue cut, from calls within it, the old ones answered: slower server.
-        (LimitState(40, 40, 1, queues=True), Verdict(2.0, 40, 20), {"after_queue_cut": True}, REBASE),
+        (LimitState(40, 40, 1, queues=True), Verdict(2.5, 40, 16), {"after_queue_cut": True}, REBASE),
         # ... the same with calls from before the cut still out, or sent beyond the limit: a queue.
         (
             LimitState(40, 40, 1, queues=True),
-            Verdict(2.0, 40, 20),
+            Verdict(2.5, 40, 16),
             {"after_queue_cut": True, "drained": False},
             QUEUE,
         ),
-        (LimitState(40, 40, 1, queues=True), Verdict(2.0, 64, 20), {"after_queue_cut": True}, QUEUE),
+        (LimitState(40, 40, 1, queues=True), Verdict(2.5, 64, 16), {"after_queue_cut": True}, QUEUE),
     ],
 )
 def test_what_a_verdict_asks_of_the_limit(

@@ -133,7 +133,7 @@ def test_latency_is_inflated_when_the_recent_median_passes_its_base_by_the_infla
     assert verdicts[:-1] == [None] * (limits.RECENT - 1) and verdicts[-1] is not None
     assert watch.base == 1.0
     # Calls queue in the server: each answer takes longer; the median of the last 16
-    # (their 9th smallest) passes 1.5x the base with the 8th slow answer.
+    # (their 9th smallest) passes 2x the base with the 8th slow answer.
     late = [v is not None and v.ratio > limits.INFLATION for v in (watch.observe(2.5) for _ in range(limits.RECENT))]
     assert late.index(True) == limits.RECENT // 2 - 1
 

@@ -56,9 +56,14 @@ PROBE_GAIN = 4.0
 #: Multiplicative decrease on an error push-back (429, 5xx, connect failure, timeout).
 ERROR_CUT = 0.7
 #: Answers are late (calls queue inside the server) when their recent median exceeds
-#: this multiple of the base. A queue of one service time per slot is 2x: at 2.0 slow
-#: start grew on through it and sent a 32-slot server ten times its slots.
-INFLATION = 1.5
+#: this multiple of the base. At 1.5 a worker short of CPU (answers read late by a busy
+#: event loop) read as a queue: a replica taking over a killed one's calls was cut to a
+#: fraction of its pace.
+INFLATION = 2.0
+#: In slow start, one answer over this multiple of the base does not grow the limit: a
+#: queue of one service time per slot is 2x, and waiting for the median let slow start
+#: send a 32-slot server ten times its slots.
+SLOW_START_INFLATION = 1.5
 #: The limit set on a late verdict: the estimated slots and this much more, so that a
 #: slot freed is taken at once (each answer's round trip) and the estimate's noise
 #: (a lognormal server's median) does not leave slots idle.
@@ -295,12 +300,12 @@ class LatencyWatch:
         return verdict_of(self._recent, self.base)
 
     def late(self, latency_s: float) -> bool:
-        """This answer alone is over :data:`INFLATION` of the base (before there is one,
+        """This answer alone is over :data:`SLOW_START_INFLATION` of the base (before there is one,
         of the median of the first answers, once there are a few)."""
         reference = self.base
         if reference is None and len(self._recent) >= RECENT // 4:
             reference = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
-        return reference is not None and latency_s > INFLATION * reference
+        return reference is not None and latency_s > SLOW_START_INFLATION * reference
 
     def forget_recent(self) -> None:
         """After a cut: the next verdict waits for answers to calls sent under the new limit."""
