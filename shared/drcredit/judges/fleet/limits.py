@@ -15,8 +15,8 @@ longer was sent into a queue. By Little's law a server with ``n`` slots that was
 estimates its slots: on a late verdict (:data:`INFLATION`) the limit is set at once to
 that estimate with :data:`HEADROOM` (not cut by a factor round after round: the queue
 the first wave built would outlast the answer timeout); then it grows again by a few
-calls a round until the next late verdict, so the limit stays between its slots and half
-as many again, and the calls beyond wait in the platform (in priority order, no
+calls a round until the next late verdict, so the limit stays between its slots and
+twice as many, and the calls beyond wait in the platform (in priority order, no
 timeout running). A call that times out while the endpoint answers others is a queue too: the
 slots are fewer than ``load x base / timeout`` (:func:`timed_out`). A late verdict right
 after a queue cut, from calls sent within the new limit, says the server itself slowed
