@@ -15,6 +15,11 @@ and rejoin when it is answered; a call whose candidates are all out fails at onc
 wait (whose own probe call may go to an endpoint out of the rotation). Calls are paced
 under the endpoints' rate limits and the operator's ``DRCREDIT_JUDGE_RPM`` / ``_TPM``
 (:mod:`~drcredit.judges.fleet.rates`) before they are sent.
+
+Whose call goes first among those waiting is the tenants' fair share
+(:mod:`drcredit.tenancy.fair`: tenants by weight, training before audits, runs in
+turn, then the priority above), asked of :class:`~drcredit.tenancy.shares.Shares`,
+which also sets this process's part of each endpoint's limit at every report.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections import Counter
 import math
 import os
 import socket
@@ -31,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from drcredit import metrics
 from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.affinity import CALL_AFFINITY, Affinities, steer
 from drcredit.judges.fleet.endpoints import EndpointConfig
@@ -39,6 +46,9 @@ from drcredit.judges.fleet.rates import RateLimits
 from drcredit.judges.fleet.sharing import Sharing
 from drcredit.judges.fleet.state import CALL_PRIORITY, AllEndpointsDown, Endpoint, Lease, Waiter
 from drcredit.judges.fleet.store import FleetStore, MemoryStore
+from drcredit.tenancy.fair import FairQueue
+from drcredit.tenancy.owner import CALL_OWNER
+from drcredit.tenancy.shares import Shares
 
 __all__ = ["CALL_PRIORITY", "AllEndpointsDown", "Endpoint", "Fleet", "Lease"]
 
@@ -54,19 +64,25 @@ class Fleet(Learning, Sharing):
         configured: RateLimits = RateLimits(),
         clock: Callable[[], float] = time.monotonic,
         prober: Callable[[EndpointConfig], Awaitable[str | None]] | None = None,
+        shares: Shares | None = None,
     ):
         self.endpoints = [Endpoint(c) for c in configs]
         for e in self.endpoints:
             e.record = replace(e.record, limit=limits.capped(e.record.limit, e.cap(e.record)))
         self.by_url = {e.url: e for e in self.endpoints}
         self.store = store or MemoryStore()
+        self.shares = shares or Shares()
+        self.store.divide = self._divide
         self.configured = configured
         self.process = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._clock = clock
-        #: Waiting calls: plain ones by priority, and the few that may not use every
-        #: endpoint (retries excluding one) or must probe.
-        self._waiters: list[Waiter] = []
+        #: Waiting calls: plain ones in the tenants' fair order, and the few that may not
+        #: use every endpoint (retries excluding one) or must probe.
+        self._waiters: FairQueue[Waiter] = FairQueue(self.shares.weight)
         self._special: list[Waiter] = []
+        #: Calls in flight per tenant (the cap of a tenant with ``max_share``).
+        self._tenant_in_flight: Counter[str] = Counter()
+        self._tenants_waiting: set[str] = set()
         self._arrivals = itertools.count()
         self._waiting = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -89,7 +105,14 @@ class Fleet(Learning, Sharing):
         return self._waiting + sum(e.in_flight for e in self.endpoints)
 
     def _reset_waiters(self) -> None:
-        self._waiters, self._special = [], []
+        self._waiters, self._special = FairQueue(self.shares.weight), []
+
+    def tenant_demand(self) -> dict[str, int]:
+        """Calls waiting or in flight per tenant."""
+        demand = Counter(self._waiters.waiting())
+        demand.update(w.owner.tenant for w in self._special if not w.future.done())
+        demand.update(self._tenant_in_flight)
+        return {t: n for t, n in demand.items() if n > 0}
 
     # ------------------------------------------------------------------ acquiring
 
@@ -103,19 +126,27 @@ class Fleet(Learning, Sharing):
         await self._started()
         special = bool(exclude) or force_probe
         key = CALL_AFFINITY.get()
-        if not (self._special if special else self._waiters):
+        owner = CALL_OWNER.get()
+        if not (self._special if special else self._waiters) and (
+            special or owner.tenant not in self.shares.capped(self._tenant_in_flight)
+        ):
             lease = self._place(exclude, force_probe, key=key)
             if lease is not None:
-                return lease
+                return self._owned(lease, owner.tenant)
         if not self._candidates_alive(exclude, force_probe):
             raise AllEndpointsDown(self._down_reasons(exclude))
+        priority = CALL_PRIORITY.get()
         waiter = Waiter(
-            (-CALL_PRIORITY.get(), next(self._arrivals)),
+            (-priority, next(self._arrivals)),
             exclude,
             force_probe,
             asyncio.get_running_loop().create_future(),
+            owner,
         )
-        heapq.heappush(self._special if special else self._waiters, waiter)
+        if special:
+            heapq.heappush(self._special, waiter)
+        else:
+            self._waiters.push(waiter, owner, priority)
         self.affinities.remember(waiter.rank, key)
         self._waiting += 1
         self._wake_sync.set()
@@ -201,6 +232,11 @@ class Fleet(Learning, Sharing):
         e.in_flight += 1
         return Lease(e, e.record.limit.epoch, probe, load=e.load)
 
+    def _owned(self, lease: Lease, tenant: str) -> Lease:
+        lease.tenant = tenant
+        self._tenant_in_flight[tenant] += 1
+        return lease
+
     def _dispatch(self) -> None:
         """Hand free places to waiting calls: retries and probes first, then the plain
         calls by priority. When the most urgent call waits for a full endpoint, a place
@@ -209,14 +245,30 @@ class Fleet(Learning, Sharing):
         kept = [w for w in self._special if not self._serve(w)]
         heapq.heapify(kept)
         self._special = kept
-        while self._waiters:
-            waiter = self._waiters[0]
+        while True:
+            capped = self.shares.capped(self._tenant_in_flight)
+            waiter = self._waiters.first(capped)
+            if waiter is None:
+                break
+            if waiter.future.done():  # given up while it waited: takes nobody's turn
+                self._waiters.pop_first(capped, charge=False)
+                continue
             if not self._serve(waiter):
                 break
-            heapq.heappop(self._waiters)
+            self._waiters.pop_first(capped)
         while len(self._waiters) > 1 and self._serve_last():
             pass
+        self._export_waiting()
         self._arm_timer()
+
+    def _export_waiting(self) -> None:
+        metrics.JUDGE_CALLS_WAITING.set(len(self._waiters) + len(self._special))
+        waiting = self._waiters.waiting()
+        for tenant in self._tenants_waiting - waiting.keys():
+            metrics.TENANT_CALLS_WAITING.labels(tenant).set(0)
+        for tenant, n in waiting.items():
+            metrics.TENANT_CALLS_WAITING.labels(tenant).set(n)
+        self._tenants_waiting = set(waiting)
 
     def _serve_last(self) -> bool:
         """Place the least urgent plain call if an endpoint with room would answer it
@@ -224,13 +276,11 @@ class Fleet(Learning, Sharing):
         endpoint = self._choose(frozenset(), ahead=len(self._waiters) - 1)
         if endpoint is None:
             return False
-        last = max(range(len(self._waiters)), key=lambda i: self._waiters[i].rank)
-        waiter = self._waiters[last]
-        self._waiters[last] = self._waiters[-1]
-        self._waiters.pop()
-        heapq.heapify(self._waiters)
+        waiter = self._waiters.pop_last(self.shares.capped(self._tenant_in_flight))
+        if waiter is None:
+            return False
         if not waiter.future.done():
-            waiter.future.set_result(self._lease(endpoint, probe=False))
+            waiter.future.set_result(self._owned(self._lease(endpoint, probe=False), waiter.owner.tenant))
         return True
 
     def _serve(self, waiter: Waiter) -> bool:
@@ -239,7 +289,7 @@ class Fleet(Learning, Sharing):
             return True
         lease = self._place(waiter.exclude, waiter.force_probe, key=self.affinities.of(waiter.rank))
         if lease is not None:
-            waiter.future.set_result(lease)
+            waiter.future.set_result(self._owned(lease, waiter.owner.tenant))
             return True
         if not self._candidates_alive(waiter.exclude, waiter.force_probe):
             waiter.future.set_exception(AllEndpointsDown(self._down_reasons(waiter.exclude)))
@@ -268,6 +318,11 @@ class Fleet(Learning, Sharing):
         lease.released = True
         e = lease.endpoint
         e.in_flight -= 1
+        self._tenant_in_flight[lease.tenant] -= 1
+        if self._tenant_in_flight[lease.tenant] <= 0:
+            del self._tenant_in_flight[lease.tenant]
+        if not lease.probe:
+            self.shares.served(lease.tenant)
         if lease.probe and e.health.probing:
             e.health.probe_abandoned()
         self._dispatch()

@@ -24,7 +24,8 @@ from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.rates import QUIET_S, RateLimits, probed_rpm, reserve
 from drcredit.judges.fleet.state import Endpoint, Lease
-from drcredit.judges.fleet.store import EndpointRecord, FleetStore, ProcessReport
+from drcredit.judges.fleet.store import STALE_S, EndpointRecord, FleetStore, ProcessReport, demand_share
+from drcredit.tenancy.shares import Shares
 
 log = logging.getLogger("drcredit.judges.fleet")
 
@@ -53,6 +54,7 @@ class Sharing:
     _waiting: int
     #: Health check of an endpoint out of the rotation: None when it answered, else why not.
     prober: Callable[[EndpointConfig], Awaitable[str | None]] | None
+    shares: Shares
 
     @property
     def urls(self) -> list[str]:
@@ -66,6 +68,8 @@ class Sharing:
         def _dispatch(self) -> None: ...
 
         def _reset_waiters(self) -> None: ...
+
+        def tenant_demand(self) -> dict[str, int]: ...
 
         def _notify(self, e: Endpoint, up: bool) -> None: ...
 
@@ -258,7 +262,12 @@ class Sharing:
                 # so the fleet's pace rises by RATE_PROBE per second however many there are.
                 self._adopt(e, await self.store.update(e.url, _probe_rate(min(elapsed, 1.0) * e.fraction)))
         report = ProcessReport(
-            self.process, time.time(), self.demand, {e.url: self._endpoint_report(e) for e in self.endpoints}
+            self.process,
+            time.time(),
+            self.demand,
+            {e.url: self._endpoint_report(e) for e in self.endpoints},
+            self.tenant_demand(),
+            self.shares.served_last_minute(),
         )
         records, fraction = await self.store.sync(report, self.urls)
         for e in self.endpoints:
@@ -267,6 +276,32 @@ class Sharing:
             self._export(e)
         metrics.JUDGE_CALLS_WAITING.set(self._waiting)
         self._dispatch()
+
+    def _divide(self, own: ProcessReport, others: list[ProcessReport], now: float, capacity: float) -> float:
+        """This process's fraction of every endpoint's limit: the tenants' fair parts of
+        the fleet's capacity (:mod:`drcredit.tenancy.shares`), split between processes
+        by their demand of each tenant. A process with demand never gets less than an
+        even split's quarter before the others report (as :func:`demand_share`); a
+        report without tenants (a process of an older release) falls back to that rule."""
+        live = [r for r in others if r.process != own.process and now - r.at <= STALE_S]
+        if any(r.demand > 0 and not r.tenants for r in [own, *live]):
+            return demand_share(own, others, now)
+        fleet: Counter[str] = Counter(own.tenants)
+        served: Counter[str] = Counter(own.served)
+        for r in live:
+            fleet.update(r.tenants)
+            served.update(r.served)
+        up = sum(e.limit for e in self.endpoints if e.health.up) or capacity
+        fraction = self.shares.divide(own.tenants, fleet, up, len(live) + 1)
+        self._export_tenants(fleet, served)
+        if own.demand > 0:
+            fraction = max(fraction, 1.0 / (len(live) + 1) / 4)
+        return fraction
+
+    def _export_tenants(self, fleet: Counter[str], served: Counter[str]) -> None:
+        total = sum(served.values())
+        for tenant in set(served) | set(fleet):
+            metrics.TENANT_FLEET_SHARE.labels(tenant).set(served[tenant] / total if total else 0.0)
 
     @staticmethod
     def _export(e: Endpoint) -> None:

@@ -17,6 +17,7 @@ from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.health import EndpointHealth
 from drcredit.judges.fleet.limits import LatencyWatch
 from drcredit.judges.fleet.store import EndpointRecord
+from drcredit.tenancy.owner import Owner
 
 #: The priority of the judge calls made by the current task: the calls its unit still
 #: has to make (set by the scoring engine's slots; more goes first).
@@ -111,6 +112,8 @@ class Lease:
     #: Token units reserved under a tokens-per-minute pace, refunded to the usage.
     reserved_tokens: float = 0.0
     released: bool = False
+    #: The tenant whose call holds the place (its in-flight count in the process).
+    tenant: str = ""
 
 
 @dataclass(order=True)
@@ -119,3 +122,4 @@ class Waiter:
     exclude: frozenset[str] = field(compare=False)
     force_probe: bool = field(compare=False)
     future: asyncio.Future[Lease] = field(compare=False)
+    owner: Owner = field(compare=False, default=Owner())

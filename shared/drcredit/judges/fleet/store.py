@@ -79,13 +79,28 @@ class ProcessReport:
     demand: int
     #: Per endpoint: in_flight, up, latency_s, reason, since, counts.
     endpoints: dict[str, dict[str, Any]]
+    #: The demand per tenant (calls waiting or in flight), and the calls answered per
+    #: tenant over the last minute (:mod:`drcredit.tenancy.shares`).
+    tenants: dict[str, int] = field(default_factory=dict)
+    served: dict[str, int] = field(default_factory=dict)
+
+
+#: How a process's fraction of every endpoint's limit follows from its report, the
+#: others' (live or not) and the fleet's capacity (the endpoints' summed limits).
+Divide = Callable[[ProcessReport, list[ProcessReport], float, float], float]
 
 
 Update = Callable[[EndpointRecord], EndpointRecord]
 
 
 class FleetStore(ABC):
-    """The shared state of a fleet's endpoints (engine loop for the async methods)."""
+    """The shared state of a fleet's endpoints (engine loop for the async methods).
+
+    ``divide``: the rule of a process's share (by default :func:`demand_share`; the
+    fleet sets the tenants' fair shares, :meth:`drcredit.judges.fleet.sharing.Sharing._divide`).
+    """
+
+    divide: Divide
 
     @abstractmethod
     async def update(self, endpoint: str, change: Update) -> EndpointRecord:
@@ -116,7 +131,7 @@ class FleetStore(ABC):
         """Release connections held for the running loop."""
 
 
-def demand_share(own: ProcessReport, others: list[ProcessReport], now: float) -> float:
+def demand_share(own: ProcessReport, others: list[ProcessReport], now: float, capacity: float = 0.0) -> float:
     """This process's fraction of each endpoint's limit: its share of the live demand.
 
     With no demand anywhere the limit is split evenly, so the first calls of a step
@@ -139,6 +154,7 @@ class MemoryStore(FleetStore):
         self._report: ProcessReport | None = None
         self._schedules: dict[str, float] = {}
         self._clock = clock
+        self.divide: Divide = demand_share
 
     async def update(self, endpoint: str, change: Update) -> EndpointRecord:
         record = change(self._records.get(endpoint, EndpointRecord()))
@@ -147,7 +163,8 @@ class MemoryStore(FleetStore):
 
     async def sync(self, report: ProcessReport, endpoints: list[str]) -> tuple[dict[str, EndpointRecord], float]:
         self._report = report
-        return self.records(endpoints), 1.0
+        records = self.records(endpoints)
+        return records, self.divide(report, [], report.at, sum(r.limit.limit for r in records.values()))
 
     async def reserve(self, key: str, cost: float, rate_per_s: float) -> float:
         tat, wait = rates.reserve(self._schedules.get(key, 0.0), self._clock(), cost, rate_per_s)
@@ -198,6 +215,7 @@ class RedisStore(FleetStore):
         self._clients: dict[asyncio.AbstractEventLoop, Any] = {}
         self._sync_client: Any = None
         self._gcra: dict[asyncio.AbstractEventLoop, Any] = {}
+        self.divide: Divide = demand_share
 
     # ------------------------------------------------------------------ keys
 
@@ -273,8 +291,8 @@ class RedisStore(FleetStore):
         stale = [r.process for r in others if report.at - r.at > 10 * STALE_S]
         if stale:
             await client.hdel(self.reports_key, *stale)
-        share = demand_share(report, others, report.at)
-        return {e: EndpointRecord.from_json(raw) for e, raw in zip(endpoints, raw_records, strict=True)}, share
+        records = {e: EndpointRecord.from_json(raw) for e, raw in zip(endpoints, raw_records, strict=True)}
+        return records, self.divide(report, others, report.at, sum(r.limit.limit for r in records.values()))
 
     async def reserve(self, key: str, cost: float, rate_per_s: float) -> float:
         self._client()
