@@ -13,8 +13,9 @@ import drcredit
 from drcredit.broker.consumers import CachedCensus, ConsumerRegistry
 from drcredit.scoring.results.events import NotificationListener
 from drcredit.settings import Settings, get_settings
+from drcredit.tenancy.budgets import Releaser
 from drcredit.wiring.runtime import Runtime
-from drcredit_api import analytics, audits, labels, operations
+from drcredit_api import analytics, audits, labels, operations, usage
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import router
 from drcredit_api.errors import install_handlers
@@ -69,9 +70,13 @@ def create_app(
             conninfo = runtime.db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
             listener = NotificationListener(conninfo, runtime.pipeline.events)
             listener.start()
+        # Groups held for a budget are sent at its reset, by whichever API process is first.
+        releaser = Releaser(runtime.db, runtime.dispatcher)
+        releaser.start()
         try:
             yield
         finally:
+            releaser.stop()
             if listener is not None:
                 listener.stop()
             if registry is not None:
@@ -91,7 +96,7 @@ def create_app(
     app.include_router(operations.router)
     app.include_router(analytics.router)
     app.include_router(audits.router)
-    app.include_router(labels.router)
+from drcredit_api import analytics, audits, labels, operations, usage
     app.include_router(ui.router)
     app.include_router(ui.root)
     app.mount("/ui/static", ui.static, name="ui-static")

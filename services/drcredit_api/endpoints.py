@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from drcredit.storage import models as m
 from drcredit.wiring.runtime import Runtime
 from drcredit_api import queues, schemas
 from drcredit_api.auth import tenant_of
+from drcredit_api.budget_gate import budget_hold
 
 T = TypeVar("T")
 Tenant = Annotated[str, Depends(tenant_of)]
@@ -39,8 +41,13 @@ _ERRORS: dict[int, dict[str, Any]] = {
         "description": "Conflicting re-post (what differs), or not done yet (its status)",
     },
     413: {"model": schemas.ErrorBody, "description": "Body larger than DRCREDIT_MAX_BODY_BYTES"},
+    403: {"model": schemas.ErrorBody, "description": "The key's tenant may not read this"},
     415: {"model": schemas.ErrorBody, "description": "The body is not sent as application/json"},
     422: {"model": schemas.ErrorBody, "description": "Invalid input; each error names its field"},
+    429: {
+        "model": schemas.BudgetExhaustedBody,
+        "description": "A budget of the tenant is used up (on_budget: refuse); see Retry-After",
+    },
     503: {"model": schemas.ErrorBody, "description": "Database away or schema behind this release (see Retry-After)"},
 }
 
@@ -50,7 +57,7 @@ def answers(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: _ERRORS[code] for code in (401, *codes, 503)}
 
 
-INGEST = answers(409, 413, 415, 422)
+INGEST = answers(409, 413, 415, 422, 429)
 READ = answers(404)
 RESULT = answers(404, 409, 422)
 
@@ -136,7 +143,8 @@ def _json(body: Any) -> Response:
 @router.post("/v1/groups", status_code=202, response_model=schemas.Accepted, responses=INGEST, tags=["ingest"])
 async def post_group(group: GroupIn, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Submit one rollout group (or open a streaming group with ``expected_rollouts``)."""
-    sub = await run_in_threadpool(rt.pipeline.submit_group, tenant, group)
+    hold = await budget_hold(rt, tenant, (m.Group, "group_id", group.group_id) if group.group_id else None)
+    sub = await run_in_threadpool(functools.partial(rt.pipeline.submit_group, tenant, group, hold=hold))
     return {"group_id": sub.group_id, "status": sub.status, "created": sub.created, "links": _links(sub.group_id)}
 
 
@@ -173,7 +181,8 @@ async def post_batch(batch: BatchIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
     starts judging at once, and the batch is visible once all its groups are in.
     Re-posting the same batch_id is idempotent.
     """
-    batch_id, subs, created = await run_in_threadpool(rt.pipeline.submit_batch, tenant, batch)
+    hold = await budget_hold(rt, tenant, (m.Batch, "batch_id", batch.batch_id) if batch.batch_id else None)
+    batch_id, subs, created = await run_in_threadpool(rt.pipeline.submit_batch, tenant, batch, hold)
     return {
         "batch_id": batch_id,
         "group_ids": [s.group_id for s in subs],
@@ -265,9 +274,12 @@ def _batch_groups(s: Any, tenant: str, batch_id: str) -> list[m.Group]:
 
 
 def _batch_status(groups: list[Any]) -> str:
-    """done, failed (every group final, some failed), running or queued; of group rows or
+    """done, failed (every group final, some failed), running, queued, or
+    waiting_for_budget (every group held for the tenant's budget); of group rows or
     :func:`documents.final_states` rows."""
     statuses = {g.status for g in groups}
+    if statuses == {"queued"} and all(getattr(g, "held_until", None) is not None for g in groups):
+        return "waiting_for_budget"
     if statuses <= {"done"}:
         return "done"
     if statuses <= {"done", "failed"}:

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from drcredit.domain.errors import FieldError, InvalidInput, errors_from_pydantic
 from drcredit.scoring.errors import Conflict, NotFound, NotReady, Unavailable
+from drcredit.tenancy.budgets import BudgetExhausted
 
 log = logging.getLogger("drcredit.api")
 
@@ -108,6 +109,22 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(NotReady)
     async def _not_ready(_: Request, exc: NotReady) -> JSONResponse:
         return error_response(409, str(exc), [("status", exc.status)], status=exc.status)
+
+    @app.exception_handler(BudgetExhausted)
+    async def _budget(_: Request, exc: BudgetExhausted) -> JSONResponse:
+        b = exc.state
+        error = {
+            "code": "budget_exhausted",
+            "budget": b.budget,
+            "limit": b.limit,
+            "used": b.used,
+            "resets_at": b.resets_at.isoformat(),
+        }
+        return JSONResponse(
+            {"message": str(exc), "detail": [{"field": "budget", "message": str(exc)}], "error": error},
+            429,
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
 
     @app.exception_handler(Unavailable)
     async def _unavailable(_: Request, exc: Unavailable) -> JSONResponse:

@@ -54,6 +54,12 @@ def status_document(s: Any, group: Any, idle: IdleQueues | None, price: Any = No
 def require_done(s: Any, row: Any, request: Request) -> None:
     """``409`` unless the group is done; while its work waits on a queue without a
     consumer, the answer says which queue and how to end the wait."""
+    if row.status == "queued" and getattr(row, "held_until", None) is not None:
+        raise NotReady(
+            "waiting_for_budget",
+            f"group {row.group_id!r} is waiting_for_budget: its tenant's {row.held_for} is used up;"
+            f" judging starts when it resets at {row.held_until.isoformat()}",
+        )
     if row.status in OPEN:
         idle = idle_queues(request)
         waiting = waits.consumer_waits(s, [row.id], idle).get(row.id) if idle else None

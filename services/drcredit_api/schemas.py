@@ -113,6 +113,8 @@ class GroupStatus(_Open):
     waiting_for_judge: JudgeWait | None = None
     #: Set while work of the group waits on a queue that no live worker consumes (distributed mode).
     waiting_for_consumer: list[ConsumerWait] | None = None
+    #: Set while the group is held for its tenant's budget (status ``waiting_for_budget``).
+    waiting_for_budget: BudgetWait | None = None
     metadata: Any
     created_at: str | None
     started_at: str | None
@@ -414,3 +416,53 @@ class AuditDocument(AuditSummary):
 
 class AuditList(_Open):
     audits: list[AuditSummary]
+
+
+# ---------------------------------------------------------------------- tenants
+
+
+class BudgetWait(_Open):
+    """A group accepted past its tenant's budget (``on_budget: wait``): sent at the reset."""
+
+    budget: str
+    resets_at: str
+
+
+class BudgetLeft(_Open):
+    """One budget in its current window (UTC day or month)."""
+
+    limit: float
+    used: float
+    left: float
+    used_ratio: float
+    resets_at: str
+
+
+class TenantUsageDocument(_Open):
+    """``GET /v1/usage``: a tenant's judge usage, its share of the fleet, its budgets."""
+
+    tenant: str
+    day: Usage
+    month: Usage
+    #: Its share of the judge calls the fleet served over the last minute (null: no fleet).
+    share_last_minute: float | None
+    budgets: dict[str, BudgetLeft]
+
+
+class TenantUsageList(_Open):
+    tenants: list[TenantUsageDocument]
+
+
+class BudgetExhaustedError(_Open):
+    code: str
+    budget: str
+    limit: float
+    used: float
+    resets_at: str
+
+
+class BudgetExhaustedBody(_Open):
+    """A 429: new work past a budget of the tenant (``on_budget: refuse``)."""
+
+    message: str
+    error: BudgetExhaustedError

@@ -188,3 +188,27 @@ def observe_judgment(
         _cost_child(backend, kind).inc(cost_usd)
     for outcome in attempt_outcomes:
         _attempt_child(backend, kind, outcome).inc()
+
+
+@lru_cache(maxsize=512)
+def _tenant_children(tenant: str) -> tuple[Any, Any, Any, Any, Any]:
+    return (
+        TENANT_JUDGE_CALLS.labels(tenant),
+        TENANT_JUDGE_TOKENS.labels(tenant, "prompt"),
+        TENANT_JUDGE_TOKENS.labels(tenant, "completion"),
+        TENANT_JUDGE_TOKENS.labels(tenant, "cached_prompt"),
+        TENANT_JUDGE_COST.labels(tenant),
+    )
+
+
+def observe_tenant(
+    tenant: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int, cost_usd: float | None
+) -> None:
+    """Count one judge call of ``tenant``: its tokens and (with a price) their cost."""
+    calls, prompt, completion, cached, cost = _tenant_children(tenant)
+    calls.inc()
+    prompt.inc(prompt_tokens)
+    completion.inc(completion_tokens)
+    cached.inc(cached_tokens)
+    if cost_usd is not None:
+        cost.inc(cost_usd)

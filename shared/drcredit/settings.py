@@ -10,12 +10,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from drcredit.domain.drift import DEFAULT_DRIFT_THRESHOLD
 from drcredit.domain.limits import Limits
 from drcredit.domain.usage import JudgePrice, parse_price
+from drcredit.tenancy.policy import TENANTS_SETTING, TenantPolicy, parse_tenants
 
 
 class Settings(BaseSettings):
@@ -136,6 +137,16 @@ class Settings(BaseSettings):
     #: ``/metrics`` exports the drift of runs with a group created within this many seconds.
     drift_metrics_window_s: float = Field(3600.0, gt=0)
 
+    # Tenants: shares of the judge fleet and budgets ---------------------------
+    #: Per tenant (the names of DRCREDIT_API_KEYS), JSON: weight, max_share, budget
+    #: {tokens_per_day, tokens_per_month, usd_per_day, usd_per_month}, on_budget
+    #: (refuse | wait), operator (its key reads every tenant's usage). Tenants not
+    #: named: weight 1, no cap, no budget (drcredit.tenancy.policy).
+    tenants: Annotated[dict[str, TenantPolicy], NoDecode] = Field(default_factory=dict)
+    #: Tests and benchmarks only: budget windows of this many seconds (at most an hour;
+    #: a month: 30 of them) instead of UTC calendar days and months.
+    budget_window_s: float | None = Field(None, gt=0, le=3600)
+
     # Operations ------------------------------------------------------------
     #: First-generation threshold of Python's cyclic garbage collector in the API and
     #: worker processes (Python's default is 700; 0 keeps the defaults): above a step's
@@ -169,6 +180,27 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return parse_price(value) if value.strip() else None
         return value
+
+    @field_validator("tenants", mode="before")
+    @classmethod
+    def _tenants(cls, value: Any) -> Any:
+        if isinstance(value, str | None):
+            return parse_tenants(value)
+        return value
+
+    @model_validator(mode="after")
+    def _tenants_known(self) -> Settings:
+        known = set(self.tenant_keys().values()) if self.api_keys.strip() else None
+        if self.tenants and known is not None:
+            parse_tenants({t: p.model_dump() for t, p in self.tenants.items()}, known)
+        for tenant, policy in self.tenants.items():
+            usd = [b for b in ("usd_per_day", "usd_per_month") if getattr(policy.budget, b) is not None]
+            if usd and self.judge_price is None:
+                raise ValueError(
+                    f"{TENANTS_SETTING}.{tenant}.budget.{usd[0]}: a budget in USD needs DRCREDIT_JUDGE_PRICE"
+                    " (USD per million input, cached input and output tokens)"
+                )
+        return self
 
     @property
     def resolved_database_url(self) -> str:

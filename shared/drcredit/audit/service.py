@@ -46,6 +46,7 @@ from drcredit.scoring.results.outcomes import group_breakdowns
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database
+from drcredit.tenancy.owner import CALL_OWNER, Owner
 
 log = logging.getLogger("drcredit.audit")
 
@@ -241,12 +242,15 @@ def run(db: Database, engine: Engine, judges: AuditJudges, audit_pk: int, stop: 
             row = s.get(m.Audit, audit_pk)
             assert row is not None
             name, tenant, group_ids = row.judge, row.tenant, list(row.group_ids)
+            row_scope = row.scope
             loaded = [_load(s, tenant, gid) for gid in group_ids]
         judge = judges.get(name)
 
         async def all_groups() -> list[Rescored]:
             import asyncio
 
+            # Its calls wait below the tenant's training calls in the fleet's fair order.
+            CALL_OWNER.set(Owner(tenant, str((row_scope or {}).get("run") or ""), audit=True))
             return list(
                 await asyncio.gather(
                     *(rescore(judge, engine.judge_slots, content, params) for _, content, params, _ in loaded)

@@ -26,6 +26,7 @@ from drcredit.client.aio import AsyncDrCreditClient
 from drcredit.client.errors import (
     AuditFailed,
     AuthError,
+    BudgetExhausted,
     Conflict,
     DrCreditConnectionError,
     DrCreditError,
@@ -44,6 +45,7 @@ __all__ = [
     "AsyncDrCreditClient",
     "AuditFailed",
     "AuthError",
+    "BudgetExhausted",
     "Conflict",
     "DrCreditClient",
     "DrCreditConnectionError",

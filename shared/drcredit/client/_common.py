@@ -7,6 +7,7 @@ or ``asyncio.sleep``); every rule lives here once, so they cannot drift apart.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -250,6 +251,22 @@ def _consumer_waits(kind: str, document: JSONDict | None) -> str:
     return f"; its work waits on {names}, which no live worker consumes (drcredit worker --queues {','.join(queues)})"
 
 
+def _budget_waits(kind: str, document: JSONDict | None) -> str:
+    """What a timed-out wait says of groups held for the tenant's budget (the status's
+    ``waiting_for_budget``): judging starts when the budget resets, not before."""
+    if document is None:
+        return ""
+    statuses = [document] if kind == "group" else list(document.get("groups") or [])
+    held = [s["waiting_for_budget"] for s in statuses if s.get("waiting_for_budget")]
+    if not held:
+        return ""
+    last = max(held, key=lambda w: str(w.get("resets_at")))
+    return (
+        f"; {len(held)} group(s) waiting_for_budget: the tenant's {last.get('budget')} is used up,"
+        f" judging starts when it resets at {last.get('resets_at')}"
+    )
+
+
 @dataclass
 class Waiter:
     """The decisions of ``wait_for_advantages`` / ``wait_for_batch`` / ``wait_for_audit``;
@@ -313,6 +330,9 @@ class Waiter:
         return document
 
     def not_ready(self, exc: NotReady) -> None:
+        if exc.status == "waiting_for_budget" and self.status != exc.status:
+            # Said once: the wait is for the tenant's budget to reset, not for the judge.
+            logging.getLogger("drcredit.client").warning("%s", exc.message)
         self.status = exc.status
         if self.kind == "audit":
             self.bar.show(0, None, exc.status)
@@ -352,6 +372,7 @@ class Waiter:
             done = sum(1 for g in groups if g.get("status") in FINAL)
             detail = f", {done}/{len(groups)} groups finished"
         detail += _consumer_waits(self.kind, self.document)
+        detail += _budget_waits(self.kind, self.document)
         raise DrCreditTimeout(
             f"{self.kind} {self.ident!r} not finished after {self.timeout}s (status {self.status}{detail})",
             status=self.status,

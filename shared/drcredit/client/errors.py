@@ -7,11 +7,13 @@ code. Catch :class:`DrCreditError` for everything, or a subclass for one case.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 __all__ = [
     "AuditFailed",
     "AuthError",
+    "BudgetExhausted",
     "Conflict",
     "DrCreditConnectionError",
     "DrCreditError",
@@ -120,6 +122,20 @@ class ServerError(DrCreditError):
     """5xx that persisted through every retry."""
 
 
+class BudgetExhausted(DrCreditError):
+    """429: the tenant's budget is used up (``on_budget: refuse``): ``budget``, ``limit``,
+    ``used``, ``resets_at`` (ISO 8601, UTC) and ``retry_after`` (seconds) say which and
+    until when. Not retried: the wait is until the budget's window resets."""
+
+    def __init__(self, *args: Any, error: dict[str, Any], retry_after: float | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.budget = str(error.get("budget"))
+        self.limit = error.get("limit")
+        self.used = error.get("used")
+        self.resets_at = str(error.get("resets_at"))
+        self.retry_after = retry_after
+
+
 class DrCreditConnectionError(DrCreditError, ConnectionError):
     """The service could not be reached (refused, reset, timed out) after every retry."""
 
@@ -191,6 +207,19 @@ def error_for_response(status_code: int, body: Any, text: str, *, attempts: int 
         return PayloadTooLarge(status_code, message, detail, body, attempts=attempts)
     if status_code == 422:
         return InvalidRequest(status_code, message, detail, body, errors=_field_errors(detail), attempts=attempts)
+    if status_code == 429 and isinstance(body, dict) and isinstance(body.get("error"), dict):
+        error = body["error"]
+        retry_after = None
+        if error.get("resets_at"):
+            message = f"{message} (resets at {error['resets_at']})"
+            try:
+                resets = datetime.fromisoformat(str(error["resets_at"]))
+                retry_after = max(0.0, (resets - datetime.now(UTC)).total_seconds())
+            except (TypeError, ValueError):
+                pass
+        return BudgetExhausted(
+            status_code, message, detail, body, error=error, retry_after=retry_after, attempts=attempts
+        )
     if status_code >= 500:
         return ServerError(status_code, message, detail, body, attempts=attempts)
     return DrCreditError(status_code, message, detail, body, attempts=attempts)

@@ -8,6 +8,7 @@ from importlib import metadata
 from drcredit.judges.base import Judge, RetryPolicy
 from drcredit.judges.fleet.router import Fleet
 from drcredit.settings import Settings
+from drcredit.tenancy.shares import Shares
 
 
 def build_judge(settings: Settings, *, fleet: Fleet | None = None) -> Judge:
@@ -50,6 +51,7 @@ def build_judge(settings: Settings, *, fleet: Fleet | None = None) -> Judge:
         rates=RateLimits(settings.judge_rpm, settings.judge_tpm),
         fleet=fleet,
         prompt_layout=settings.judge_prompt_layout,
+        shares=Shares(settings.tenants),
     )
 
 

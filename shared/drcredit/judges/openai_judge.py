@@ -49,6 +49,7 @@ from drcredit.judges.openai_wire import (
 )
 from drcredit.judges.prompts import DEFAULT_LAYOUT
 from drcredit.judges.server_facts import ServerFacts
+from drcredit.tenancy.shares import Shares
 
 __all__ = ["DEFAULT_KEEPALIVE_S", "OpenAIJudge", "ResponseFormat"]
 
@@ -76,6 +77,7 @@ class OpenAIJudge(Judge):
         rates: RateLimits = RateLimits(),
         fleet: Fleet | None = None,
         prompt_layout: str = DEFAULT_LAYOUT,
+        shares: Shares | None = None,
     ):
         self.endpoints = endpoints or parse_endpoints(base_url or os.environ.get("OPENAI_BASE_URL"))
         super().__init__(model, retry, outage_deadline_s, temperature, prompt_layout)
@@ -88,7 +90,9 @@ class OpenAIJudge(Judge):
         self.keepalive_s = keepalive_s
         #: Its endpoints' fleet: its own, or one shared with another judge on the same endpoints.
         self._owns_fleet = fleet is None
-        self.fleet: Fleet = fleet or Fleet(self.endpoints, store=store, configured=rates, prober=self._health_check)
+        self.fleet: Fleet = fleet or Fleet(
+            self.endpoints, store=store, configured=rates, prober=self._health_check, shares=shares
+        )
         self.facts = ServerFacts(self.fleet, self._client, model, connect_timeout_s)
         #: Per endpoint: the structured output it takes (``auto`` until a 400 names it).
         self._formats: dict[str, ResponseFormat] = {e.url: response_format for e in self.endpoints}

@@ -32,7 +32,7 @@ from drcredit.judges.base import Judge
 from drcredit.scoring.dispatch import Dispatcher, UnitRef
 from drcredit.scoring.engine import Engine
 from drcredit.scoring.intake.content import Dumped
-from drcredit.scoring.intake.ingest import Ingest, Submitted
+from drcredit.scoring.intake.ingest import Hold, Ingest, Submitted
 from drcredit.scoring.results.aggregation import Aggregator
 from drcredit.scoring.results.events import GroupEvents
 from drcredit.scoring.work import recovery
@@ -72,6 +72,7 @@ class Pipeline:
         rollout_cache_bytes: int = DEFAULT_CONTENT_BUDGET,
         judge_price: JudgePrice | None = None,
         reuse: ReusePolicy | None = None,
+        budget_window_s: float | None = None,
     ):
         self.db = db
         self.judge = judge
@@ -110,7 +111,7 @@ class Pipeline:
         )
         if self.judging.store is not None:
             self.engine.on_close(self.judging.store.flush)
-        self.aggregator = Aggregator(db, self.rollouts, self.events, judge_price)
+        self.aggregator = Aggregator(db, self.rollouts, self.events, judge_price, budget_window_s)
         self.units = UnitLifecycle(
             UnitContext(
                 judge=judge,
@@ -144,11 +145,12 @@ class Pipeline:
         *,
         position: int | None = None,
         prepared: tuple[Dumped, str] | None = None,
+        hold: Hold | None = None,
     ) -> Submitted:
-        return self.ingest.submit_group(tenant, group, position=position, prepared=prepared)
+        return self.ingest.submit_group(tenant, group, position=position, prepared=prepared, hold=hold)
 
-    def submit_batch(self, tenant: str, batch: BatchIn) -> tuple[str, list[Submitted], bool]:
-        return self.ingest.submit_batch(tenant, batch)
+    def submit_batch(self, tenant: str, batch: BatchIn, hold: Hold | None = None) -> tuple[str, list[Submitted], bool]:
+        return self.ingest.submit_batch(tenant, batch, hold)
 
     def add_rollout(self, tenant: str, group_id: str, rollout: Rollout) -> tuple[Submitted, bool]:
         return self.ingest.add_rollout(tenant, group_id, rollout)

@@ -75,6 +75,7 @@ class Group(Base):
         Index("ix_groups_status", "status"),
         Index("ix_groups_batch", "batch_pk"),
         Index("ix_groups_tenant_run_step", "tenant", "run", "step"),
+        Index("ix_groups_held_until", "held_until"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -112,6 +113,10 @@ class Group(Base):
     #: since when, and the judge's last error.
     judge_waiting_since: Mapped[datetime | None] = mapped_column()
     judge_waiting_reason: Mapped[str | None] = mapped_column(Text)
+    #: Accepted past a budget of its tenant (``on_budget: wait``): its work is not sent
+    #: before this (the budget's reset), which budget held it (docs/api.md).
+    held_until: Mapped[datetime | None] = mapped_column()
+    held_for: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
@@ -431,3 +436,20 @@ class Label(Base):
     value: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TenantUsage(Base):
+    """The judge usage of a tenant's finished groups, per bucket of time (an hour, or
+    a test window): written in the transaction that ends each group, so a group counts
+    here once it is final and in the sums over its judgments while it runs."""
+
+    __tablename__ = "tenant_usage"
+
+    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
+    bucket: Mapped[datetime] = mapped_column(primary_key=True)
+    calls: Mapped[int] = mapped_column(BigInteger, default=0)
+    judgments: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cached_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    estimated_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

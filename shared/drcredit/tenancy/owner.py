@@ -21,4 +21,4 @@ class Owner:
 
 
 #: The owner of the judge calls made by the current task.
-CALL_OWNER: ContextVar[Owner] = ContextVar("drcredit_call_owner", default=Owner())
+CALL_OWNER: ContextVar[Owner] = ContextVar("drcredit_call_owner", default=Owner())  # noqa: B039 - frozen, never mutated

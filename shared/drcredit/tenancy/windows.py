@@ -39,8 +39,21 @@ def bounds(window: Window, now: datetime, window_s: float | None = None) -> tupl
     if window == "day":
         return day, day + timedelta(days=1)
     month = day.replace(day=1)
-    following = month.replace(year=month.year + 1, month=1) if month.month == 12 else month.replace(month=month.month + 1)
+    following = (
+        month.replace(year=month.year + 1, month=1) if month.month == 12 else month.replace(month=month.month + 1)
+    )
     return month, following
+
+
+#: The ledger's bucket of time (:class:`drcredit.storage.models.TenantUsage`): an hour,
+#: or a test window when shorter.
+BUCKET_S = 3600.0
+
+
+def bucket(at: datetime, window_s: float | None = None) -> datetime:
+    """The start of the ledger bucket holding ``at``."""
+    length = min(BUCKET_S, window_s) if window_s else BUCKET_S
+    return datetime.fromtimestamp((at.timestamp() // length) * length, UTC)
 
 
 def spent(budget: BudgetName, usage: Usage, price: JudgePrice | None) -> float:

@@ -70,6 +70,7 @@ class Runtime:
             rollout_cache_bytes=settings.rollout_cache_mb << 20,
             judge_price=settings.judge_price,
             reuse=ReusePolicy(settings.judge_reuse, settings.judge_reuse_max_age_s, settings.judge_reuse_max_entries),
+            budget_window_s=settings.budget_window_s,
         )
         audits = AuditJudges(settings, judge)
         pipeline.engine.on_close(audits.aclose)

@@ -27,12 +27,12 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from collections import Counter
 import math
 import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -60,6 +61,16 @@ class Submitted:
     group_id: str
     status: str
     created: bool
+    #: Held for its tenant's budget: its work is sent when the budget resets.
+    held: bool = False
+
+
+@dataclass(frozen=True)
+class Hold:
+    """New groups are stored but not sent before ``until`` (a budget's reset)."""
+
+    until: datetime
+    budget: str
 
 
 class Ingest:
@@ -87,29 +98,31 @@ class Ingest:
         *,
         position: int | None = None,
         prepared: tuple[Dumped, str] | None = None,
+        hold: Hold | None = None,
     ) -> Submitted:
         """Store a group in its own transaction and start judging it; idempotent on ``group_id``.
 
-        ``position`` and ``prepared`` come from :meth:`submit_batch` (see :meth:`_store_group`).
+        ``position`` and ``prepared`` come from :meth:`submit_batch` (see :meth:`_store_group`);
+        ``hold``: a new group waits for its tenant's budget to reset.
         """
         if prepared is None:  # a batch's groups were checked together
             self.check_limits([group])
         try:
             with self.db.session() as s:
-                submitted = self._store_group(s, tenant, group, position, prepared)
+                submitted = self._store_group(s, tenant, group, position, prepared, hold)
         except IntegrityError:
             # A concurrent post of the same group_id won the insert: answer as a re-post.
             with self.db.session() as s:
-                submitted = self._store_group(s, tenant, group, position, prepared)
+                submitted = self._store_group(s, tenant, group, position, prepared, hold)
         self.start([submitted])
         return submitted
 
     def start(self, submitted: Sequence[Submitted]) -> None:
         """Dispatch the queued units of newly stored groups (after their commit), in order."""
-        created = [sub.group_pk for sub in submitted if sub.created]
+        metrics.GROUPS_INGESTED.inc(sum(1 for sub in submitted if sub.created))
+        created = [sub.group_pk for sub in submitted if sub.created and not sub.held]
         if not created:
             return
-        metrics.GROUPS_INGESTED.inc(len(created))
         dispatch_queued(self.db, self.dispatcher, created)
         # A group with nothing to judge (every call a deterministic zero or skipped) goes
         # straight to aggregation.
@@ -131,7 +144,7 @@ class Ingest:
         params = group.params.model_copy(update={"on_judge_failure": self.default_failure_policy})
         return group.model_copy(update={"params": params})
 
-    def submit_batch(self, tenant: str, batch: BatchIn) -> tuple[str, list[Submitted], bool]:
+    def submit_batch(self, tenant: str, batch: BatchIn, hold: Hold | None = None) -> tuple[str, list[Submitted], bool]:
         """Store a batch's groups and start each as soon as it is stored; idempotent on batch_id.
 
         Every input check (validation, a group_id taken by other content) runs before
@@ -188,7 +201,9 @@ class Ingest:
         # has one writer at a time.
         threads = INGEST_THREADS if self.db.engine.dialect.name == "postgresql" else 1
         with ThreadPoolExecutor(threads, thread_name_prefix="drcredit-ingest") as pool:
-            stored = pool.map(lambda i: self.submit_group(tenant, groups[i], position=i, prepared=prepare(i)), order)
+            stored = pool.map(
+                lambda i: self.submit_group(tenant, groups[i], position=i, prepared=prepare(i), hold=hold), order
+            )
             by_position.update(zip(order, stored, strict=True))
         submitted = [by_position[i] for i in range(len(groups))]
         try:
@@ -235,6 +250,7 @@ class Ingest:
         group: GroupIn,
         position: int | None,
         prepared: tuple[Dumped, str] | None = None,
+        hold: Hold | None = None,
     ) -> Submitted:
         """Store a group; ``prepared``: its rollouts' JSON and its hash, when already made."""
         group = self.resolve(group)
@@ -273,6 +289,8 @@ class Ingest:
             units_done=0,
             judgments_planned=0,
             aggregation="pending",
+            held_until=hold.until if hold else None,
+            held_for=hold.budget if hold else None,
         )
         s.add(row)
         s.flush()
@@ -291,7 +309,7 @@ class Ingest:
             ],
         )
         s.flush()
-        return Submitted(row.id, group_id, row.status, True)
+        return Submitted(row.id, group_id, row.status, True, held=hold is not None)
 
     def add_rollout(self, tenant: str, group_id: str, rollout: Rollout) -> tuple[Submitted, bool]:
         """Add one rollout to an open streaming group; idempotent on the rollout id."""
@@ -347,7 +365,9 @@ class Ingest:
                 dumped,
                 [RolloutToStore(row.rollouts_received, rollout, plan, sigs, twins)],
             )
-            submitted = Submitted(row.id, row.group_id, row.status, True)
+            submitted = Submitted(row.id, row.group_id, row.status, True, held=row.held_until is not None)
+        if submitted.held:  # sent with the rest of the group when its budget resets
+            return submitted, True
         dispatch_queued(self.db, self.dispatcher, [row.id])
         aggregate_ready(self.db, self.dispatcher, [row.id])
         return submitted, True

@@ -23,10 +23,12 @@ from drcredit.scoring.intake.content import outlined_rollouts, parse_rubrics
 from drcredit.scoring.results import documents
 from drcredit.scoring.results.events import GroupEvents, announce_final
 from drcredit.scoring.results.outcomes import breakdown_json, group_breakdowns
+from drcredit.scoring.results.usage import record_tenant_usage
 from drcredit.scoring.work.rollout_cache import RolloutCache
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database, aware, rows_changed, utcnow
+from drcredit.tenancy.windows import bucket
 
 log = logging.getLogger("drcredit.aggregation")
 
@@ -34,12 +36,21 @@ log = logging.getLogger("drcredit.aggregation")
 class Aggregator:
     """Finishes groups: :meth:`run` when every unit is done, :meth:`fail` on a fatal failure."""
 
-    def __init__(self, db: Database, rollouts: RolloutCache, events: GroupEvents, price: JudgePrice | None = None):
+    def __init__(
+        self,
+        db: Database,
+        rollouts: RolloutCache,
+        events: GroupEvents,
+        price: JudgePrice | None = None,
+        budget_window_s: float | None = None,
+    ):
         self.db = db
         self.rollouts = rollouts
         self.events = events
         #: The judge's price when the group is finished: its stored document's ``cost_usd``.
         self.price = price
+        #: Test budget windows (``DRCREDIT_BUDGET_WINDOW_S``): the tenant ledger's buckets.
+        self.budget_window_s = budget_window_s
 
     def run(self, group_pk: int) -> None:
         """Compute and store credits and advantages once every judgment is in."""
@@ -92,6 +103,7 @@ class Aggregator:
                 # results became visible (what a long-poll's latency is measured from).
                 stamp = utcnow()
                 repo.finish_group(s, group_pk, stats, None, stamp, document)
+            record_tenant_usage(s, group_pk, bucket(stamp, self.budget_window_s))
             announce_final(s, group_pk)
         self.events.finished([group_pk])
         metrics.GROUPS_FINISHED.labels("failed" if failed else "done").inc()
@@ -114,6 +126,7 @@ class Aggregator:
                     .where(m.WorkUnit.group_pk == group_pk, m.WorkUnit.status.in_(("queued", "running", "waiting")))
                     .values(status="cancelled", lease_owner=None, lease_expires_at=None)
                 )
+                record_tenant_usage(s, group_pk, bucket(utcnow(), self.budget_window_s))
                 announce_final(s, group_pk)
         if changed:
             self.events.finished([group_pk])

@@ -99,9 +99,11 @@ def status_document(
     """Status and progress, with the judge's usage so far. ``waiting_for_consumer``: the
     group's waits on queues no live worker consumes (:mod:`drcredit.broker.waits`;
     distributed mode only)."""
+    held = group.held_until is not None and group.status == "queued"
     return {
         "group_id": group.group_id,
-        "status": group.status,
+        # Accepted past its tenant's budget (on_budget: wait): nothing is sent before the reset.
+        "status": "waiting_for_budget" if held else group.status,
         "batch_id": group.batch.batch_id if group.batch is not None else None,
         "error": group.error,
         "expected_rollouts": group.expected_rollouts,
@@ -115,6 +117,7 @@ def status_document(
         else None,
         # Work of the group waits on a queue that no live worker consumes (docs/operations.md).
         "waiting_for_consumer": waiting_for_consumer or None,
+        "waiting_for_budget": {"budget": group.held_for, "resets_at": _iso(group.held_until)} if held else None,
         "metadata": group.metadata_,
         "created_at": _iso(group.created_at),
         "started_at": _iso(group.started_at),

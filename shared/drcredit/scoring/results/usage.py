@@ -9,10 +9,11 @@ token, and those from the store are counted as ``reused``. See :class:`drcredit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, and_, case, func, select
+from sqlalchemy import Integer, and_, case, func, literal, select, union_all
 from sqlalchemy.orm import Session
 
 from drcredit.domain.usage import Usage, total
@@ -56,3 +57,66 @@ def rollout_usage(s: Session, group_pks: Sequence[int]) -> dict[int, dict[str, U
 def group_usage(s: Session, group_pks: Sequence[int]) -> dict[int, Usage]:
     """Per group: the usage of all its judgments (the sum of its rollouts')."""
     return {pk: total(by_rollout.values()) for pk, by_rollout in rollout_usage(s, group_pks).items()}
+
+
+# ---------------------------------------------------------------------- tenants
+
+#: The usage columns a tenant's ledger keeps, in :class:`Usage` order.
+_LEDGER = (
+    "calls",
+    "judgments",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_prompt_tokens",
+    "estimated_prompt_tokens",
+)
+
+
+def record_tenant_usage(s: Session, group_pk: int, bucket: datetime) -> None:
+    """Add a group's usage to its tenant's ledger at ``bucket``, in the transaction that
+    makes the group final (so the group counts once: in its judgments while it runs,
+    here after)."""
+    tenant = s.scalar(select(m.Group.tenant).where(m.Group.id == group_pk))
+    if tenant is None:
+        return
+    used = group_usage(s, [group_pk])[group_pk]
+    if used == Usage():
+        return
+    values = {"tenant": tenant, "bucket": bucket, **{c: getattr(used, c) for c in _LEDGER}}
+    dialect = s.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as upsert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    statement = upsert(m.TenantUsage).values(**values)
+    t = m.TenantUsage.__table__
+    s.execute(
+        statement.on_conflict_do_update(
+            index_elements=["tenant", "bucket"], set_={c: t.c[c] + statement.excluded[c] for c in _LEDGER}
+        )
+    )
+
+
+def tenant_usage(s: Session, tenant: str, windows: Mapping[str, tuple[datetime, datetime]]) -> dict[str, Usage]:
+    """Per named window (start, end): the tenant's usage: its finished groups' ledger
+    in the window, plus every judgment of its groups still open (they count in the
+    current window). One statement, so a group that ends meanwhile counts once."""
+    t = m.TenantUsage
+    j, g = m.Judgment, m.Group
+    parts = []
+    for name, (start, end) in windows.items():
+        parts.append(
+            select(literal(name).label("window"), *(func.coalesce(func.sum(getattr(t, c)), 0) for c in _LEDGER)).where(
+                t.tenant == tenant, t.bucket >= start, t.bucket < end
+            )
+        )
+    live = (
+        select(literal("live").label("window"), *_sums())
+        .select_from(j)
+        .join(g, g.id == j.group_pk)
+        .where(g.tenant == tenant, g.status.in_(("queued", "running")), j.cache_hit.is_(False))
+    )
+    rows: dict[str, Usage] = {}
+    for row in s.execute(union_all(*parts, live)):
+        rows[str(row[0])] = Usage(*(int(v) for v in row[1:]))
+    return {name: rows.get(name, Usage()) + rows.get("live", Usage()) for name in windows}

@@ -34,6 +34,7 @@ from drcredit.scoring.work.reuse import ReusePolicy, ReuseStore
 from drcredit.scoring.work.units import Stopping
 from drcredit.storage import models as m
 from drcredit.storage.database import Database, rows_changed, utcnow
+from drcredit.tenancy.owner import CALL_OWNER
 
 log = logging.getLogger("drcredit.judging")
 
@@ -276,6 +277,10 @@ def observe(result: JudgeResult[Any], price: JudgePrice | None = None) -> None:
         completion_tokens=result.completion_tokens,
         cached_prompt_tokens=result.cached_tokens,
     )
+    cost = usage.cost_usd(price)
+    tenant = CALL_OWNER.get().tenant
+    if result.attempts:  # a call of its own (not a reused answer): the tenant's use of the judge
+        metrics.observe_tenant(tenant, usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens, cost)
     metrics.observe_judgment(
         result.backend,
         result.kind,
@@ -285,5 +290,5 @@ def observe(result: JudgeResult[Any], price: JudgePrice | None = None) -> None:
         usage.completion_tokens,
         (a.outcome for a in result.attempts),
         usage.cached_prompt_tokens,
-        usage.cost_usd(price),
+        cost,
     )

@@ -35,6 +35,7 @@ from drcredit.scoring.work.visit_chain import stored_state
 from drcredit.storage import models as m
 from drcredit.storage import repository as repo
 from drcredit.storage.database import Database, aware, retry_lock_conflicts, utcnow
+from drcredit.tenancy.owner import CALL_OWNER, Owner
 
 log = logging.getLogger("drcredit.lifecycle")
 
@@ -85,6 +86,7 @@ class UnitLifecycle:
 
     async def _run_leased(self, ref: UnitRef, claimed: Claimed, owner: str) -> UnitOutcome:
         engine = self.ctx.engine
+        CALL_OWNER.set(claimed.owner)  # this unit's task: its calls' tenant and run
         try:
             outcome = await UNIT_KINDS[ref.kind](self.ctx, claimed, owner)
         except Stopping:
@@ -147,7 +149,7 @@ class UnitLifecycle:
             # the units' own locks order it with a failing group's cancellation.
             group_pks = {r.group_pk for r in refs}
             groups = repo.group_states(s, group_pks)
-            if any(status == "queued" for status, _ in groups.values()):
+            if any(state[0] == "queued" for state in groups.values()):
                 groups = repo.group_states(s, group_pks, lock=True)
             units = repo.units_for_claim(s, [r.unit_id for r in refs])
             headless = {u.group_pk for u in units if u.payload is not None and rollouts.header(u.group_pk) is None}
@@ -204,6 +206,7 @@ class UnitLifecycle:
                     facts=stored_facts(facts.get((unit.group_pk, unit.rollout_id)))
                     if unit.id in outcome_units
                     else None,
+                    owner=Owner(groups[unit.group_pk][2], groups[unit.group_pk][3] or ""),
                 )
         return out
 

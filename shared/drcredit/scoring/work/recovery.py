@@ -34,7 +34,8 @@ def resume(db: Database, dispatcher: Dispatcher, snippets: SnippetRelease) -> in
     their last stored judgment, so nothing is judged twice. Returns the units queued.
     """
     with db.session() as s:
-        groups = list(s.scalars(select(m.Group.id).where(m.Group.status.in_(OPEN))))
+        # A group held for its tenant's budget is sent when released (drcredit.tenancy.budgets).
+        groups = list(s.scalars(select(m.Group.id).where(m.Group.status.in_(OPEN), m.Group.held_until.is_(None))))
         s.execute(
             update(m.WorkUnit)
             .where(m.WorkUnit.group_pk.in_(groups), m.WorkUnit.status == "running")
@@ -77,7 +78,7 @@ def sweep(
     cutoff = utcnow() - timedelta(seconds=stale_after_s)
     refs: list[UnitRef] = []
     with db.session() as s:
-        open_groups = select(m.Group.id).where(m.Group.status.in_(OPEN))
+        open_groups = select(m.Group.id).where(m.Group.status.in_(OPEN), m.Group.held_until.is_(None))
         candidates = s.execute(
             select(
                 m.WorkUnit.id,

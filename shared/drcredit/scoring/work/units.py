@@ -8,7 +8,7 @@ takes a :class:`Claimed` unit, makes its judge calls and stores each answer as a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -17,6 +17,7 @@ from drcredit.domain.outcome import ReportFacts
 from drcredit.domain.params import ScoringParams
 from drcredit.judges.base import JudgeResult
 from drcredit.storage.bulk import JudgmentRow
+from drcredit.tenancy.owner import Owner
 
 #: What storing a judgment came to: ``duplicate``, another delivery stored it first;
 #: ``lost``, the unit is no longer this delivery's (its group failed, its lease passed on).
@@ -50,6 +51,8 @@ class Claimed:
     twin_calls: frozenset[str] = frozenset()
     #: An outcome unit's report facts as ingest stored them (None for the other kinds).
     facts: ReportFacts | None = None
+    #: Whose judge calls the unit makes (the fleet's fair shares).
+    owner: Owner = field(default_factory=Owner)
 
 
 @dataclass(frozen=True)

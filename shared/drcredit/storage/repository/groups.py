@@ -33,20 +33,23 @@ def lock_groups(s: Session, group_pks: Collection[int]) -> None:
 
 def group_states(
     s: Session, group_pks: Collection[int], *, lock: bool = False
-) -> dict[int, tuple[str, dict[str, Any]]]:
-    """Group row id -> (status, stored params); ``lock``: locked as :func:`lock_groups` does."""
+) -> dict[int, tuple[str, dict[str, Any], str, str | None]]:
+    """Group row id -> (status, stored params, tenant, run); ``lock``: locked as
+    :func:`lock_groups` does."""
     if not group_pks:
         return {}
     ids = sorted(group_pks)
     pg = postgres_driver(s)
     if pg is not None:
         tail = " ORDER BY id FOR NO KEY UPDATE" if lock else ""
-        rows = pg.execute(f"SELECT id, status, params FROM groups WHERE id = ANY(%s){tail}", (ids,))
-        return {pk: (status, params) for pk, status, params in rows}
-    statement = select(m.Group.id, m.Group.status, m.Group.params).where(m.Group.id.in_(ids))
+        rows = pg.execute(f"SELECT id, status, params, tenant, run FROM groups WHERE id = ANY(%s){tail}", (ids,))
+        return {pk: (status, params, tenant, run) for pk, status, params, tenant, run in rows}
+    statement = select(m.Group.id, m.Group.status, m.Group.params, m.Group.tenant, m.Group.run).where(
+        m.Group.id.in_(ids)
+    )
     if lock:
         statement = statement.order_by(m.Group.id).with_for_update(key_share=True)
-    return {pk: (status, params) for pk, status, params in s.connection().execute(statement)}
+    return {pk: (status, params, tenant, run) for pk, status, params, tenant, run in s.connection().execute(statement)}
 
 
 def group_headers(s: Session, group_pks: Collection[int]) -> list[tuple[int, str, Any]]:
