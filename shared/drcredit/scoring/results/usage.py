@@ -117,6 +117,7 @@ def tenant_usage(s: Session, tenant: str, windows: Mapping[str, tuple[datetime, 
         .where(g.tenant == tenant, g.status.in_(("queued", "running")), j.cache_hit.is_(False))
     )
     rows: dict[str, Usage] = {}
+    row: Any
     for row in s.execute(union_all(*parts, live)):
         rows[str(row[0])] = Usage(*(int(v) for v in row[1:]))
     return {name: rows.get(name, Usage()) + rows.get("live", Usage()) for name in windows}
