@@ -21,6 +21,7 @@ from drcredit.broker.queues import ALL_QUEUES
 from drcredit.broker.waits import IdleQueues
 from drcredit.scoring.errors import NotReady
 from drcredit.scoring.results import documents
+from drcredit.storage.database import aware
 from drcredit.wiring.runtime import Runtime
 
 log = logging.getLogger("drcredit.api")
@@ -58,7 +59,7 @@ def require_done(s: Any, row: Any, request: Request) -> None:
         raise NotReady(
             "waiting_for_budget",
             f"group {row.group_id!r} is waiting_for_budget: its tenant's {row.held_for} is used up;"
-            f" judging starts when it resets at {row.held_until.isoformat()}",
+            f" judging starts when it resets at {aware(row.held_until).isoformat()}",
         )
     if row.status in OPEN:
         idle = idle_queues(request)

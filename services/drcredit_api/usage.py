@@ -3,12 +3,13 @@ deployment's operator (a tenant marked ``operator`` in DRCREDIT_TENANTS)."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from sqlalchemy import distinct, select
+from sqlalchemy import select
 
 from drcredit import metrics
 from drcredit.storage import models as m
@@ -20,6 +21,7 @@ from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import RuntimeDep, Tenant, answers, read_db
 
 router = APIRouter(tags=["usage"])
+log = logging.getLogger("drcredit.api")
 
 
 def is_operator(rt: Runtime, request: Request, tenant: str) -> bool:
@@ -36,13 +38,14 @@ def share_last_minute(rt: Runtime) -> dict[str, float]:
     fleet = getattr(rt.judge, "fleet", None)
     if fleet is None:
         return {}
-    served: dict[str, int] = {}
+    served: dict[str, int] = dict(fleet.shares.served_last_minute())  # this process's, as of now
     try:
         for report in fleet.store.reports():
-            for tenant, n in report.served.items():
-                served[tenant] = served.get(tenant, 0) + n
-    except Exception:  # noqa: BLE001 - the shared store is away: no share to report
-        return {}
+            if report.process != fleet.process:
+                for tenant, n in report.served.items():
+                    served[tenant] = served.get(tenant, 0) + n
+    except Exception:
+        log.warning("could not read the other processes' judge calls", exc_info=True)
     total = sum(served.values())
     return {t: n / total for t, n in served.items()} if total else {}
 
@@ -65,7 +68,7 @@ def tenant_document(rt: Runtime, s: Any, tenant: str, shares: dict[str, float]) 
 def known_tenants(rt: Runtime, request: Request, s: Any) -> list[str]:
     """Every tenant with a key, a policy or groups."""
     named = set(request.app.state.tenant_keys.values()) | set(rt.settings.tenants)
-    named.update(s.scalars(select(distinct(m.Group.tenant))))
+    named.update(s.scalars(select(m.Group.tenant).distinct()))
     return sorted(named)
 
 

@@ -19,6 +19,7 @@ from drcredit.domain.usage import JudgePrice, Usage, total
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.scoring.results.usage import group_usage, rollout_usage
 from drcredit.storage import models as m
+from drcredit.storage.database import aware
 
 
 def _with_turns() -> Any:
@@ -117,7 +118,9 @@ def status_document(
         else None,
         # Work of the group waits on a queue that no live worker consumes (docs/operations.md).
         "waiting_for_consumer": waiting_for_consumer or None,
-        "waiting_for_budget": {"budget": group.held_for, "resets_at": _iso(group.held_until)} if held else None,
+        "waiting_for_budget": {"budget": group.held_for, "resets_at": _iso(aware(group.held_until))}
+        if held and group.held_until is not None
+        else None,
         "metadata": group.metadata_,
         "created_at": _iso(group.created_at),
         "started_at": _iso(group.started_at),
@@ -231,7 +234,15 @@ def _advantages(
 
 #: What a long-poll reads of each group: enough to know whether it is final, and to
 #: answer at once when it is.
-_FINAL_COLUMNS = (m.Group.id, m.Group.group_id, m.Group.status, m.Group.error, m.Group.advantages_json)
+_FINAL_COLUMNS = (
+    m.Group.id,
+    m.Group.group_id,
+    m.Group.status,
+    m.Group.error,
+    m.Group.advantages_json,
+    m.Group.held_until,
+    m.Group.held_for,
+)
 
 
 def final_states(s: Session, tenant: str, group_ids: Sequence[str]) -> list[Any]:
