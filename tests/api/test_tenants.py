@@ -78,7 +78,10 @@ def test_refuse_past_a_budget_after_admitted_work_finishes(database_url: str) ->
         }
         retry = int(r.headers["retry-after"])
         assert abs(retry - math.ceil((midnight - datetime.now(UTC)).total_seconds())) <= 2
-        assert c.post("/v1/batches", json={"batch_id": "s2", "groups": [hand_worked_group()]}, headers=A).status_code == 429
+        assert (
+            c.post("/v1/batches", json={"batch_id": "s2", "groups": [hand_worked_group()]}, headers=A).status_code
+            == 429
+        )
         assert c.get("/v1/groups/late", headers=A).status_code == 404  # nothing stored
         # Admitted work re-posted is answered as before; another tenant is not held back.
         assert c.post("/v1/batches", json=batch, headers=A).status_code == 202

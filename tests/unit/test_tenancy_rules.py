@@ -230,7 +230,7 @@ def test_policies_default_and_parse() -> None:
         ('{"a": {"budget": {"per_week": 1}}}', "DRCREDIT_TENANTS.a.budget.per_week"),
         ('{"a": {"on_budget": "later"}}', "DRCREDIT_TENANTS.a.on_budget"),
         ('{"zed": {}}', "DRCREDIT_TENANTS.zed"),
-        ('[1, 2]', "DRCREDIT_TENANTS"),
+        ("[1, 2]", "DRCREDIT_TENANTS"),
         ("{not json", "DRCREDIT_TENANTS"),
     ],
 )

@@ -12,7 +12,7 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 STATIC = Path(__file__).parent / "static"
-TITLES = {"index": "runs", "group": "group", "run": "run", "labels": "labeling"}
+TITLES = {"index": "runs", "group": "group", "run": "run", "labels": "labeling", "usage": "usage"}
 #: The page scripts, in load order: the shared part first, each page's own after it.
 SCRIPTS = (
     "core.js",
@@ -24,6 +24,7 @@ SCRIPTS = (
     "run.js",
     "index.js",
     "labels.js",
+    "usage.js",
 )
 FAVICON = STATIC / "favicon.svg"
 

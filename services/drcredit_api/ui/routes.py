@@ -38,6 +38,11 @@ async def labels_page() -> str:
     return render("labels", {})
 
 
+@router.get("/usage", response_class=HTMLResponse)
+async def usage_page() -> str:
+    return render("usage", {})
+
+
 @router.get("/static/plotly.min.js")
 async def plotly() -> FileResponse:
     return FileResponse(plotly_js(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})

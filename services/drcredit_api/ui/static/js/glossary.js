@@ -58,6 +58,13 @@
     budget: ["budget b", "A number of research turns (search or visit) counted from a rollout's start."],
     cumulative: ["C(b)", "Evidence gathered in the first b research turns: mean over rollouts of the summed uncapped visit credit and snippet credit of those turns (navigation credit left out: it repeats its visits' credit)."],
     rate: ["U(b)", "Evidence per research turn: mean over rollouts of C_i(b) / min(b, T_i), T_i the rollout's research turns."],
+    // ---------------------------------------------------------------- tenants
+    fleet_share: ["fleet share", "The tenant's part of the judge calls the whole fleet served over the last minute (its share follows its weight while others wait too; alone it may take everything, up to its max_share)."],
+    budget_used: ["used", "What the tenant's judge calls used in the budget's current window (UTC day or month): prompt + completion tokens, or their cost at DRCREDIT_JUDGE_PRICE."],
+    budget_limit: ["limit", "The budget set in DRCREDIT_TENANTS."],
+    budget_left: ["left", "What the budget has left in its window; at 0 new groups are refused (429) or held until the reset (on_budget: wait), while admitted work finishes."],
+    budget_resets: ["resets", "When the budget's window ends and its use starts again from 0 (UTC)."],
+    tokens_today: ["tokens today", "Prompt plus completion tokens of the tenant's judge calls today (UTC)."],
     // ---------------------------------------------------------------- runs
     last_at: ["last group", "When the run's latest group was posted (UTC)."],
     run_groups: ["groups", "Groups posted under the run's name (metadata.run)."],
