@@ -82,6 +82,9 @@ class Pipeline:
         #: Long-polls of this process wait on these reports of finished groups.
         self.events = GroupEvents()
         self.engine = Engine(judge_concurrency, db_threads)
+        if judge.fleet is not None:
+            # The engine's judge slots are shared between tenants as the fleet's places are.
+            self.engine.judge_slots.weight = judge.fleet.shares.weight
         self.engine.on_close(judge.aclose)
         self.outages = JudgeOutages(db, judge.breaker, self.engine.db, judge.fleet)
         self.leases = LeaseKeeper(db, lease_s, self.engine.db)

@@ -18,6 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from drcredit.judges.fleet.router import CALL_PRIORITY
+from drcredit.tenancy.fair import FairQueue
+from drcredit.tenancy.owner import CALL_OWNER
 
 #: A unit at least this many calls shorter than the deepest chain running holds its
 #: first call back by one judge latency: it has more than two latencies of slack, and
@@ -72,19 +74,25 @@ class _Waiters:
 
 
 class PrioritySlots:
-    """A semaphore that hands a freed slot to the waiter with the highest priority.
+    """A semaphore that hands a freed slot to the waiter that should go first.
 
     When more chains are ready than the judge takes at once, a plain (FIFO) semaphore
     sends a chain that has just been answered to the back of the queue for its next
     call, so a step's longest chains, which decide its wall time, wait once per call.
     Priority is the caller's remaining work (a chain's calls still to make): the longest
     remaining path goes first, the rule that keeps a schedule near its critical path.
-    Equal priorities are served in arrival order. Only used from the engine loop.
+    Equal priorities are served in arrival order. Across tenants the slots are shared as
+    the judge fleet is (:class:`~drcredit.tenancy.fair.FairQueue`: tenants by ``weight``,
+    training before audits, runs in turn, then priority): a tenant-blind gate here would
+    fill the fleet's queue with the calls of whoever is served slowest, and the fleet
+    could not give the others their share. Only used from the engine loop.
     """
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, weight: Callable[[str], float] | None = None):
         self._free = slots
-        self._waiters = _Waiters()
+        #: A tenant's weight now (the judge fleet's part of it in this process).
+        self.weight: Callable[[str], float] = weight or (lambda _tenant: 1.0)
+        self._waiters: FairQueue[asyncio.Future[None]] = FairQueue(lambda tenant: self.weight(tenant))
 
     async def acquire(self, priority: int) -> None:
         # The judge fleet orders the calls waiting for an endpoint by the same priority.
@@ -93,7 +101,8 @@ class PrioritySlots:
         if self._free > 0:
             self._free -= 1
             return
-        granted = self._waiters.add(priority)
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.push(granted, CALL_OWNER.get(), priority)
         try:
             await granted
         except asyncio.CancelledError:
@@ -102,8 +111,17 @@ class PrioritySlots:
             raise
 
     def release(self) -> None:
-        if not self._waiters.grant_next():  # the slot passes straight to a waiter
-            self._free += 1
+        while True:
+            waiter = self._waiters.first()
+            if waiter is None:
+                self._free += 1
+                return
+            if waiter.done():  # cancelled while it waited: takes nobody's turn
+                self._waiters.pop_first(charge=False)
+                continue
+            self._waiters.pop_first()
+            waiter.set_result(None)  # the slot passes straight to a waiter
+            return
 
     @asynccontextmanager
     async def slot(self, priority: int = 0) -> AsyncIterator[None]:
