@@ -27,9 +27,10 @@ from bench.platform import (
 )
 from bench.repeat import section_repeat
 from bench.repeat import table as repeat_table
+from bench.sections import section_calls, section_dispatch, section_outcome, section_step, section_streaming
 
 # ----------------------------------------------------------------------------- processes
-from bench.sections import section_calls, section_dispatch, section_outcome, section_step, section_streaming
+from bench.tenants import section_tenants
 from bench.workload import make_step
 
 
@@ -141,7 +142,7 @@ def main() -> None:
     parser.add_argument(
         "--sections",
         default="step,dispatch,streaming,calls",
-        help="any of step, dispatch, streaming, calls, outcome, repeat, longpoll, judges",
+        help="any of step, dispatch, streaming, calls, outcome, repeat, longpoll, judges, tenants",
     )
     parser.add_argument(
         "--judges",
@@ -174,6 +175,10 @@ def main() -> None:
     )
     parser.add_argument("--longpoll-groups", type=int, default=200, help="longpoll: groups long-polled one each")
     parser.add_argument("--longpoll-latency", type=float, default=0.2, help="longpoll: median judge latency (s)")
+    parser.add_argument("--tenant-a-groups", type=int, default=128, help="tenants: groups of the big tenant's batch")
+    parser.add_argument("--tenant-b-groups", type=int, default=16, help="tenants: groups of the small tenant's step")
+    parser.add_argument("--judge-slots", type=int, default=64, help="tenants: the judge's slots (it queues the rest)")
+    parser.add_argument("--tenant-window", type=float, default=60.0, help="tenants: budget window (s) for the test")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     parser.add_argument(
@@ -183,7 +188,7 @@ def main() -> None:
 
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "machine": machine()}
     sections = set(args.sections.split(","))
-    if args.repeat > 1 and "judges" not in sections:
+    if args.repeat > 1 and not sections & {"judges", "tenants"}:
         sections.add("repeat")
     if "step" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
@@ -202,6 +207,8 @@ def main() -> None:
     if "outcome" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
         section_outcome(args, groups, results)
+    if "tenants" in sections:
+        section_tenants(args, results)
     if "judges" in sections:
         groups = make_step(args.groups, args.rollouts, args.seed, args.page_tokens, args.page_failure_rate)
         section_judges(args, groups, results)
