@@ -11,7 +11,6 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 
-from drcredit import metrics
 from drcredit.storage import models as m
 from drcredit.tenancy import budgets
 from drcredit.tenancy.policy import policy_of
@@ -60,8 +59,7 @@ def tenant_document(rt: Runtime, s: Any, tenant: str, shares: dict[str, float]) 
         datetime.now(UTC),
         settings.budget_window_s,
     )
-    for b in report.budgets:
-        metrics.TENANT_BUDGET_USED.labels(tenant, b.budget).set(b.used / b.limit if b.limit else 1.0)
+    budgets.export(tenant, report.budgets)
     return budgets.usage_document(report, settings.judge_price, shares.get(tenant, 0.0) if shares else None)
 
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from drcredit import metrics
 from drcredit.domain.usage import JudgePrice, Usage
 from drcredit.scoring.dispatch import Dispatcher
 from drcredit.scoring.intake.ingest import Hold
@@ -83,12 +84,20 @@ def admit(
     policy = policy_of(policies, tenant)
     if not policy.budget.limits():
         return None
-    spent = blocking(read_usage(s, tenant, policy, price, now, window_s).budgets)
+    budgets = read_usage(s, tenant, policy, price, now, window_s).budgets
+    export(tenant, budgets)
+    spent = blocking(budgets)
     if spent is None:
         return None
     if policy.on_budget == "refuse":
         raise BudgetExhausted(spent, now)
     return Hold(spent.resets_at, spent.budget)
+
+
+def export(tenant: str, budgets: list[BudgetState]) -> None:
+    """Each budget's used part, for the metrics (1: spent)."""
+    for b in budgets:
+        metrics.TENANT_BUDGET_USED.labels(tenant, b.budget).set(b.used / b.limit if b.limit else 1.0)
 
 
 def usage_document(report: TenantUsage, price: JudgePrice | None, share_last_minute: float | None) -> dict[str, Any]:
@@ -129,12 +138,6 @@ def release_due(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int
         aggregate_ready(db, dispatcher, released)
         log.info("released %d groups held for a budget", len(released))
     return released
-
-
-def next_release(db: Database) -> datetime | None:
-    """When the next held group is due (None: none is held)."""
-    with db.session() as s:
-        return s.scalar(select(m.Group.held_until).where(m.Group.held_until.is_not(None)).order_by(m.Group.held_until))
 
 
 class Releaser(threading.Thread):

@@ -119,7 +119,7 @@ def process_parts(
 
 
 @dataclass
-class _Flow(Generic[T]):
+class _Flow:
     """Calls of one tenant (or one run) with its virtual time."""
 
     vtime: float = 0.0
@@ -128,7 +128,7 @@ class _Flow(Generic[T]):
 
 @dataclass
 class _Run(Generic[T]):
-    flow: _Flow[T] = field(default_factory=_Flow)
+    flow: _Flow = field(default_factory=_Flow)
     heap: list[tuple[int, int, T]] = field(default_factory=list)
 
 
@@ -144,7 +144,7 @@ class _Class(Generic[T]):
 
 @dataclass
 class _Tenant(Generic[T]):
-    flow: _Flow[T] = field(default_factory=_Flow)
+    flow: _Flow = field(default_factory=_Flow)
     #: Training, then audit.
     classes: tuple[_Class[T], _Class[T]] = field(default_factory=lambda: (_Class(), _Class()))
 
@@ -236,18 +236,3 @@ class FairQueue(Generic[T]):
         tenant.flow.vtime += 1.0 / max(self.weight(name), 1e-9)
         klass.clock = run.flow.vtime
         run.flow.vtime += 1.0
-
-    def drop(self, keep: Callable[[T], bool]) -> list[T]:
-        """Remove, without charging, every waiting item ``keep`` rejects; those removed."""
-        removed: list[T] = []
-        for tenant in self._tenants.values():
-            for klass in tenant.classes:
-                for run in klass.runs.values():
-                    kept = [e for e in run.heap if keep(e[2])]
-                    if len(kept) != len(run.heap):
-                        removed.extend(e[2] for e in run.heap if not keep(e[2]))
-                        tenant.flow.waiting -= len(run.heap) - len(kept)
-                        self._size -= len(run.heap) - len(kept)
-                        run.heap = kept
-                        heapq.heapify(run.heap)
-        return removed
