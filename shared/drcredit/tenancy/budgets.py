@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from drcredit import metrics
@@ -123,6 +123,11 @@ def usage_document(report: TenantUsage, price: JudgePrice | None, share_last_min
 def release_due(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int]:
     """Send the work of held groups whose reset has come; their ids. The conditional
     update releases each group once, whichever API process gets there first."""
+    with db.read_session() as s:
+        # A read first: on SQLite an update that finds nothing still takes the one writer's lock.
+        due = s.scalar(select(m.Group.id).where(m.Group.held_until.is_not(None), m.Group.held_until <= now).limit(1))
+    if due is None:
+        return []
     with db.session() as s:
         released = list(
             s.scalars(
