@@ -179,6 +179,9 @@ def main() -> None:
     parser.add_argument("--tenant-b-groups", type=int, default=16, help="tenants: groups of the small tenant's step")
     parser.add_argument("--judge-slots", type=int, default=64, help="tenants: the judge's slots (it queues the rest)")
     parser.add_argument("--tenant-window", type=float, default=60.0, help="tenants: budget window (s) for the test")
+    parser.add_argument(
+        "--tenant-learn-slots", action="store_true", help="tenants: do not declare the judge's slots (learn them)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     parser.add_argument(

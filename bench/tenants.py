@@ -4,7 +4,10 @@
 
 One simulated judge with ``--judge-slots`` slots that queues the requests beyond them
 (``bench.judge_sim --concurrency``), ``drcredit serve`` and two plain workers on Postgres
-and Redis, every process with the same ``DRCREDIT_API_KEYS`` and ``DRCREDIT_TENANTS``
+and Redis, the judge's slots declared (``max_concurrency``; ``--tenant-learn-slots``
+leaves them to the fleet's learning: a learned limit above the slots queues calls in
+the server, first come first served, where no share applies), every process with the
+same ``DRCREDIT_API_KEYS`` and ``DRCREDIT_TENANTS``
 (a, b weight 1; c weight 3, d weight 1; e and f a budget of one token a day, e refusing,
 f waiting; budget windows of ``--tenant-window`` seconds). Each repeat measures:
 
@@ -217,6 +220,12 @@ def section_tenants(args: argparse.Namespace, results: dict[str, Any]) -> None:
             redis.Redis.from_url(REDIS).flushdb()
             with fresh_database() as db:
                 env = plain_env(judge, db, REDIS)
+                if not args.tenant_learn_slots:
+                    # The operator declares the server's slots: calls beyond them wait in the
+                    # workers, where the shares apply, not in the server's own FIFO queue.
+                    env["DRCREDIT_JUDGE_BASE_URL"] = json.dumps(
+                        [{"url": f"{judge}/v1", "max_concurrency": args.judge_slots}]
+                    )
                 env["DRCREDIT_API_KEYS"] = ",".join(f"{t}:{key}" for t, key in KEYS.items())
                 env["DRCREDIT_TENANTS"] = tenants_setting()
                 env["DRCREDIT_BUDGET_WINDOW_S"] = str(args.tenant_window)
