@@ -96,7 +96,8 @@ def create_app(
     app.include_router(operations.router)
     app.include_router(analytics.router)
     app.include_router(audits.router)
-from drcredit_api import analytics, audits, labels, operations, usage
+    app.include_router(labels.router)
+    app.include_router(usage.router)
     app.include_router(ui.router)
     app.include_router(ui.root)
     app.mount("/ui/static", ui.static, name="ui-static")
