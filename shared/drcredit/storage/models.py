@@ -453,3 +453,4 @@ class TenantUsage(Base):
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cached_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     estimated_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    reused: Mapped[int] = mapped_column(BigInteger, default=0)

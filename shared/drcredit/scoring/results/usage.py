@@ -69,6 +69,7 @@ _LEDGER = (
     "completion_tokens",
     "cached_prompt_tokens",
     "estimated_prompt_tokens",
+    "reused",
 )
 
 
@@ -114,7 +115,7 @@ def tenant_usage(s: Session, tenant: str, windows: Mapping[str, tuple[datetime, 
         select(literal("live").label("window"), *_sums())
         .select_from(j)
         .join(g, g.id == j.group_pk)
-        .where(g.tenant == tenant, g.status.in_(("queued", "running")), j.cache_hit.is_(False))
+        .where(g.tenant == tenant, g.status.in_(("queued", "running")))
     )
     rows: dict[str, Usage] = {}
     row: Any

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
         sa.Column("cached_prompt_tokens", sa.BigInteger(), nullable=False),
         sa.Column("estimated_prompt_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("reused", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("tenant", "bucket", name=op.f("pk_tenant_usage")),
     )
     with op.batch_alter_table("groups") as batch:
