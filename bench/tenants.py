@@ -229,6 +229,9 @@ def section_tenants(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 env["DRCREDIT_API_KEYS"] = ",".join(f"{t}:{key}" for t, key in KEYS.items())
                 env["DRCREDIT_TENANTS"] = tenants_setting()
                 env["DRCREDIT_BUDGET_WINDOW_S"] = str(args.tenant_window)
+                # The same step is scored alone and beside another: answers reused from the
+                # tenant's earlier identical requests would make the second run free.
+                env["DRCREDIT_JUDGE_REUSE"] = "group"
                 api, _ = start_plain(stack, env, args.plain_workers)
                 for k in range(args.repeat):
                     runs.append(one_repeat(api, judge, db, args, k))
