@@ -6,7 +6,7 @@ instead of a month of judgments. ``groups.held_until`` / ``held_for``: a group a
 past a budget with ``on_budget: wait`` is not sent before the budget's reset.
 
 Revision ID: 0011
-Revises: 0012
+Revises: 0010
 Create Date: 2026-11-26 11:20:00
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0012"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

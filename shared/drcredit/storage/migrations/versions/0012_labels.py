@@ -4,7 +4,7 @@ One row per (tenant, group, kind, key, labeler): a label given again by the same
 labeler replaces the value. No existing table changes.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-11-26 10:45:00
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
