@@ -54,7 +54,11 @@ def got(client: TestClient, path: str, **params: Any) -> Any:
 def client(database_url: str, marker_judge: JudgeServer) -> Iterator[TestClient]:
     with running_judge(marker_answer_reply) as same:
         judges = {"same": {"base_url": same.url, "model": "judge-test"}}
-        with api_client(database_url, marker_judge.url, audit_judges=judges, api_keys="alice:ka") as c:
+        # Answers reused within a group only: the group that waits for its judge asks what
+        # the batch's groups asked, and must reach the judge rather than the reuse store.
+        with api_client(
+            database_url, marker_judge.url, audit_judges=judges, api_keys="alice:ka", judge_reuse="group"
+        ) as c:
             c.headers["Authorization"] = "Bearer ka"
             yield c
 
