@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from drcredit.domain.group import GroupIn
@@ -27,7 +26,7 @@ from drcredit.scoring.results import documents
 from drcredit.storage.migrate import upgrade
 from drcredit.wiring.runtime import Runtime
 from tests.support.api import api_client, settings_for
-from tests.support.infra import REDIS_URL
+from tests.support.infra import REDIS_URL, leased_redis_db
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
 from tests.support.live import free_port
 from tests.support.services import Workers, private_postgres, private_redis
@@ -65,15 +64,9 @@ def worker_env(database_url: str, broker_url: str, judge_url: str, **extra: Any)
 
 @contextmanager
 def redis_db() -> Iterator[str]:
-    """A Redis database index of the shared server, flushed before and after."""
-    index = 1 + os.getpid() % 14
-    url = f"{REDIS_URL}/{index}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    try:
+    """A Redis database of the shared server that no other process uses, flushed before and after."""
+    with leased_redis_db(REDIS_URL) as url:
         yield url
-    finally:
-        client.flushdb()
 
 
 def embedded_reference(tmp_path: Path, judge: JudgeServer, groups: list[dict[str, Any]]) -> dict[str, Any]:
