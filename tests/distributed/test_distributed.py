@@ -69,9 +69,11 @@ def redis_db() -> Iterator[str]:
         yield url
 
 
-def embedded_reference(tmp_path: Path, judge: JudgeServer, groups: list[dict[str, Any]]) -> dict[str, Any]:
+def embedded_reference(
+    tmp_path: Path, judge: JudgeServer, groups: list[dict[str, Any]], **settings: Any
+) -> dict[str, Any]:
     """Advantages of the same groups scored in embedded mode."""
-    rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'embedded.sqlite3'}", judge.url))
+    rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'embedded.sqlite3'}", judge.url, **settings))
     try:
         for doc in groups:
             rt.pipeline.submit_group("ref", GroupIn.model_validate(doc))
@@ -128,7 +130,9 @@ def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, mar
     groups = [marker_group(seed, f"g{seed}") for seed in range(6)]
     with redis_db() as broker:
         metrics_port = free_port()
-        workers = Workers(worker_env(pg_url, broker, marker_judge.url), tmp_path)
+        # Reuse within each group only: across groups (``tenant``) how many calls an
+        # identical request takes depends on which group asks first.
+        workers = Workers(worker_env(pg_url, broker, marker_judge.url, judge_reuse="group"), tmp_path)
         try:
             workers.env = {**workers.env, "DRCREDIT_METRICS_PORT": str(metrics_port)}
             workers.start("visit_judge", 8)
@@ -146,10 +150,10 @@ def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, mar
             workers.stop_all()
     distributed_calls = Counter(request_key(c) for c in marker_judge.calls)
     marker_judge.calls.clear()
-    want = embedded_reference(tmp_path, marker_judge, groups)
+    want = embedded_reference(tmp_path, marker_judge, groups, judge_reuse="group")
     assert_same_advantages(got, want)
     # The same requests, as often: once per group each (identical requests in different
-    # groups are separate judgments by design).
+    # groups are separate judgments under reuse ``group``).
     assert Counter(request_key(c) for c in marker_judge.calls) == distributed_calls
     assert "drcredit_groups_ingested_total" in metrics
     assert 'drcredit_judge_calls_total{backend="openai",kind="visit",outcome="ok"}' in worker_metrics
