@@ -48,7 +48,7 @@ import redis
 
 from bench.baseline import score_step
 from bench.paths import critical_path_calls
-from bench.platform import REDIS, Proc, Stack, free_port, fresh_database, plain_env, start_judge, start_plain
+from bench.platform import Proc, Stack, bench_redis, free_port, fresh_database, plain_env, start_judge, start_plain
 from bench.repeat import one_run, renamed, summary
 from drcredit.judges.fleet.health import PROBE_MAX_S
 
@@ -161,9 +161,9 @@ def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[st
         try:
             # The reference: the same step on one healthy judge (its calls and advantages).
             reference_judge = start_judge(stack, args.latency, args.sigma)
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
-                api, procs = start_plain(stack, plain_env(reference_judge, db, REDIS), args.plain_workers)
+                api, procs = start_plain(stack, plain_env(reference_judge, db, bench_redis()), args.plain_workers)
                 ref = one_run(api, renamed(groups, "ref"), db)
                 expected_calls = stats([reference_judge])[0]["requests"]
                 reference = {g["group_id"]: ref["advantages"][f"{g['group_id']}-ref"] for g in groups}
@@ -176,10 +176,10 @@ def run_condition(condition: str, args: argparse.Namespace, groups: list[dict[st
             for extra, port in zip(flags, ports, strict=True):
                 judges.append(start_judge(stack, args.latency, args.sigma, extra, port))
                 judge_procs.append(stack.procs[-1])
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             training = judges[:1] if condition == "audit" else judges
             with fresh_database() as db:
-                env = plain_env(judges[0], db, REDIS)
+                env = plain_env(judges[0], db, bench_redis())
                 env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in training)
                 timeout = QUEUEING.get(condition, (0, 0, None))[2]
                 if timeout is not None:

@@ -26,7 +26,7 @@ import psycopg
 import redis
 
 from bench.paths import percentile
-from bench.platform import REDIS, Stack, fresh_database, plain_env, start_judge, start_plain
+from bench.platform import Stack, bench_redis, fresh_database, plain_env, start_judge, start_plain
 from bench.workload import make_group
 
 
@@ -93,9 +93,9 @@ def section_longpoll(args: argparse.Namespace, results: dict[str, Any]) -> None:
         stack = Stack(Path(tmp))
         try:
             judge = start_judge(stack, args.longpoll_latency, 0.5)
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
-                api, procs = start_plain(stack, plain_env(judge, db, REDIS), workers=1)
+                api, procs = start_plain(stack, plain_env(judge, db, bench_redis()), workers=1)
                 out["distributed"] = _measure(api, db, args.longpoll_groups, 0.02)
                 for proc in procs:
                     proc.stop()

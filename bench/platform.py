@@ -4,6 +4,7 @@ database, and their CPU time read from /proc.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -17,11 +18,31 @@ from pathlib import Path
 
 import httpx
 import psycopg
+from tests.support.infra import lease_redis_db, release_redis_db
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN = os.environ.get("DRCREDIT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS = os.environ.get("DRCREDIT_BENCH_REDIS", "redis://127.0.0.1:6379/15")
+#: DRCREDIT_BENCH_REDIS names the Redis database of the stacks; unset, each bench process
+#: leases one of the local server's for itself (:func:`bench_redis`).
+REDIS_SERVER = "redis://127.0.0.1:6379"
+_redis: str | None = os.environ.get("DRCREDIT_BENCH_REDIS")
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+def bench_redis() -> str:
+    """The Redis database of this process's stacks (their broker and the fleet's records).
+
+    Benchmarks run side by side on a shared machine: on one fixed database their workers
+    took each other's messages (unit ids start from 1 in every database) and each run's
+    ``flushdb`` dropped the other's queue. Unless DRCREDIT_BENCH_REDIS says which, a
+    database no other process holds is leased until this process exits.
+    """
+    global _redis
+    if _redis is None:
+        url, key = lease_redis_db(REDIS_SERVER)
+        atexit.register(release_redis_db, url, key)
+        _redis = url
+    return _redis
 
 
 def free_port() -> int:

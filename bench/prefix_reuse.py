@@ -33,7 +33,7 @@ import redis
 
 from bench.conditions import max_diff, reset, stats
 from bench.paths import critical_path_calls
-from bench.platform import REDIS, Stack, fresh_database, plain_env, start_judge, start_plain
+from bench.platform import Stack, bench_redis, fresh_database, plain_env, start_judge, start_plain
 from bench.repeat import one_run, renamed
 from bench.workload import make_step
 
@@ -54,9 +54,9 @@ def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool
         stack = Stack(Path(tmp))
         try:
             judges = [start_judge(stack, args.latency, args.sigma, judge_flags(args)) for _ in range(replicas)]
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
-                env = plain_env(judges[0], db, REDIS)
+                env = plain_env(judges[0], db, bench_redis())
                 env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in judges)
                 env["DRCREDIT_JUDGE_PROMPT_LAYOUT"] = layout
                 api, _ = start_plain(stack, env, args.workers)

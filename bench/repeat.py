@@ -31,7 +31,7 @@ import redis
 
 from bench.baseline import score_step
 from bench.paths import critical_path_calls, percentile
-from bench.platform import REDIS, Stack, fresh_database, plain_env, start_judge, start_plain
+from bench.platform import Stack, bench_redis, fresh_database, plain_env, start_judge, start_plain
 from bench.workload import with_judged_outcomes
 
 
@@ -199,9 +199,9 @@ def section_repeat(args: argparse.Namespace, groups: list[dict[str, Any]], resul
         stack = Stack(Path(tmp))
         try:
             judge = start_judge(stack, args.latency, args.sigma)
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
-                env = plain_env(judge, db, REDIS)
+                env = plain_env(judge, db, bench_redis())
                 api, platform = start_plain(stack, env, args.plain_workers)
                 for k in range(args.repeat):
                     if cold and k:

@@ -17,8 +17,8 @@ import redis
 from bench.baseline import as_documents, score_step
 from bench.paths import calls_saved, critical_path_calls, naive_calls, rollout_critical_path
 from bench.platform import (
-    REDIS,
     Stack,
+    bench_redis,
     fresh_database,
     platform_env,
     start_api,
@@ -40,7 +40,7 @@ def section_step(args: argparse.Namespace, groups: list[dict[str, Any]], results
             judge_proc = stack.procs[0]
             label = f"latency {args.latency}s" + (f" lognormal sigma {args.sigma}" if args.sigma else "")
             # Distributed: API + workers on Postgres and Redis.
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
                 api, api_proc, workers = start_platform(stack, args, judge, db)
                 dist = run_step(api, groups, judge, [api_proc, *workers], judge_proc, args.profile)
@@ -116,7 +116,7 @@ def section_outcome(args: argparse.Namespace, groups: list[dict[str, Any]], resu
         try:
             judge = start_judge(stack, args.latency, args.sigma)
             judge_proc = stack.procs[0]
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
                 api, api_proc, workers = start_platform(stack, args, judge, db, outcome=True)
                 run = run_step(api, judged, judge, [api_proc, *workers], judge_proc, args.profile)
@@ -157,9 +157,9 @@ def section_dispatch(args: argparse.Namespace, results: dict[str, Any]) -> None:
             try:
                 judge = start_judge(stack, 0.0, 0.0)
                 judge_proc = stack.procs[0]
-                redis.Redis.from_url(REDIS).flushdb()
+                redis.Redis.from_url(bench_redis()).flushdb()
                 with fresh_database() as db:
-                    env = platform_env(judge, db, REDIS, args.dispatch_concurrency)
+                    env = platform_env(judge, db, bench_redis(), args.dispatch_concurrency)
                     api, api_proc = start_api(stack, env)
                     procs = [
                         start_worker(
@@ -243,9 +243,9 @@ def section_streaming(args: argparse.Namespace, results: dict[str, Any]) -> None
         stack = Stack(Path(tmp))
         try:
             judge = start_judge(stack, args.latency, 0.0)
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
-                env = platform_env(judge, db, REDIS, args.concurrency)
+                env = platform_env(judge, db, bench_redis(), args.concurrency)
                 api, _ = start_api(stack, env)
                 for _ in range(args.visit_workers):
                     start_worker(stack, env, "visit_judge", args.concurrency)

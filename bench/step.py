@@ -22,9 +22,9 @@ import psycopg
 
 from bench.paths import percentile
 from bench.platform import (
-    REDIS,
     Proc,
     Stack,
+    bench_redis,
     cpu_seconds,
     peak_rss_mb,
     platform_env,
@@ -227,7 +227,7 @@ def start_platform(
 ) -> tuple[str, Proc, list[Proc]]:
     """The distributed platform: the API, the visit workers, one snippet-and-aggregation
     worker and (``outcome``) one outcome-judge worker, on Postgres and Redis."""
-    env = platform_env(judge, db, REDIS, args.concurrency)
+    env = platform_env(judge, db, bench_redis(), args.concurrency)
     api, api_proc = start_api(stack, env)
     workers = [start_worker(stack, env, "visit_judge", args.concurrency) for _ in range(args.visit_workers)]
     workers.append(start_worker(stack, env, "snippet_matcher,credit_aggregator", max(32, args.concurrency // 4)))

@@ -44,7 +44,7 @@ import redis
 
 from bench.conditions import stats
 from bench.paths import critical_path_calls
-from bench.platform import REDIS, Stack, fresh_database, plain_env, start_judge, start_plain
+from bench.platform import Stack, bench_redis, fresh_database, plain_env, start_judge, start_plain
 from bench.repeat import summary
 from bench.workload import make_step
 
@@ -217,9 +217,9 @@ def section_tenants(args: argparse.Namespace, results: dict[str, Any]) -> None:
         stack = Stack(Path(tmp))
         try:
             judge = start_judge(stack, args.latency, args.sigma, ["--concurrency", str(args.judge_slots)])
-            redis.Redis.from_url(REDIS).flushdb()
+            redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
-                env = plain_env(judge, db, REDIS)
+                env = plain_env(judge, db, bench_redis())
                 if not args.tenant_learn_slots:
                     # The operator declares the server's slots: calls beyond them wait in the
                     # workers, where the shares apply, not in the server's own FIFO queue.

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from drcredit.domain.group import GroupIn
@@ -27,7 +26,7 @@ from drcredit.scoring.results import documents
 from drcredit.storage.migrate import upgrade
 from drcredit.wiring.runtime import Runtime
 from tests.support.api import api_client, settings_for
-from tests.support.infra import REDIS_URL
+from tests.support.infra import REDIS_URL, leased_redis_db
 from tests.support.judge_server import Call, JudgeServer, Reply, marker_answer, running_judge
 from tests.support.live import free_port
 from tests.support.services import Workers, private_postgres, private_redis
@@ -63,22 +62,24 @@ def worker_env(database_url: str, broker_url: str, judge_url: str, **extra: Any)
     return env
 
 
+#: Settings of the tests that count judge calls against a reference: reuse within each
+#: group only (across groups, under ``tenant``, an identical request of two groups is
+#: asked once or twice depending on whether one group's answer is kept before the other asks).
+COUNTED: dict[str, Any] = {"judge_reuse": "group"}
+
+
 @contextmanager
 def redis_db() -> Iterator[str]:
-    """A Redis database index of the shared server, flushed before and after."""
-    index = 1 + os.getpid() % 14
-    url = f"{REDIS_URL}/{index}"
-    client = redis.Redis.from_url(url)
-    client.flushdb()
-    try:
+    """A Redis database of the shared server that no other process uses, flushed before and after."""
+    with leased_redis_db(REDIS_URL) as url:
         yield url
-    finally:
-        client.flushdb()
 
 
-def embedded_reference(tmp_path: Path, judge: JudgeServer, groups: list[dict[str, Any]]) -> dict[str, Any]:
+def embedded_reference(
+    tmp_path: Path, judge: JudgeServer, groups: list[dict[str, Any]], **settings: Any
+) -> dict[str, Any]:
     """Advantages of the same groups scored in embedded mode."""
-    rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'embedded.sqlite3'}", judge.url))
+    rt = Runtime.build(settings_for(f"sqlite:///{tmp_path / 'embedded.sqlite3'}", judge.url, **settings))
     try:
         for doc in groups:
             rt.pipeline.submit_group("ref", GroupIn.model_validate(doc))
@@ -120,8 +121,9 @@ def first_of(calls: list[Call], call: Call) -> Call:
 
 
 def reference_counts(tmp_path: Path, groups: list[dict[str, Any]]) -> tuple[dict[str, Any], Counter[str]]:
+    """The embedded advantages and calls under reuse ``group`` (see :data:`COUNTED`)."""
     with running_judge(slow_marker(0.0)) as reference_judge:
-        want = embedded_reference(tmp_path, reference_judge, groups)
+        want = embedded_reference(tmp_path, reference_judge, groups, judge_reuse="group")
         return want, Counter(request_key(c) for c in reference_judge.calls)
 
 
@@ -135,7 +137,7 @@ def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, mar
     groups = [marker_group(seed, f"g{seed}") for seed in range(6)]
     with redis_db() as broker:
         metrics_port = free_port()
-        workers = Workers(worker_env(pg_url, broker, marker_judge.url), tmp_path)
+        workers = Workers(worker_env(pg_url, broker, marker_judge.url, **COUNTED), tmp_path)
         try:
             workers.env = {**workers.env, "DRCREDIT_METRICS_PORT": str(metrics_port)}
             workers.start("visit_judge", 8)
@@ -153,10 +155,10 @@ def test_batch_through_workers_matches_embedded(tmp_path: Path, pg_url: str, mar
             workers.stop_all()
     distributed_calls = Counter(request_key(c) for c in marker_judge.calls)
     marker_judge.calls.clear()
-    want = embedded_reference(tmp_path, marker_judge, groups)
+    want = embedded_reference(tmp_path, marker_judge, groups, **COUNTED)
     assert_same_advantages(got, want)
     # The same requests, as often: once per group each (identical requests in different
-    # groups are separate judgments by design).
+    # groups are separate judgments under reuse ``group``).
     assert Counter(request_key(c) for c in marker_judge.calls) == distributed_calls
     assert "drcredit_groups_ingested_total" in metrics
     assert 'drcredit_judge_calls_total{backend="openai",kind="visit",outcome="ok"}' in worker_metrics
@@ -185,7 +187,7 @@ def judgments_done(client: TestClient, group_ids: list[str]) -> int:
 def test_kill_9_of_a_visit_worker_loses_nothing(tmp_path: Path, pg_url: str) -> None:
     groups = [marker_group(seed, f"k{seed}", rollouts=4, max_turns=8) for seed in range(10, 16)]
     with running_judge(slow_marker(0.15)) as judge, redis_db() as broker:
-        workers = Workers(worker_env(pg_url, broker, judge.url), tmp_path)
+        workers = Workers(worker_env(pg_url, broker, judge.url, **COUNTED), tmp_path)
         try:
             victim = workers.start("visit_judge", 4)
             workers.start("visit_judge", 4)
@@ -201,7 +203,7 @@ def test_kill_9_of_a_visit_worker_loses_nothing(tmp_path: Path, pg_url: str) -> 
             workers.stop_all()
         calls = list(judge.calls)
     with running_judge(slow_marker(0.0)) as reference_judge:
-        want = embedded_reference(tmp_path, reference_judge, groups)
+        want = embedded_reference(tmp_path, reference_judge, groups, **COUNTED)
         expected = Counter(request_key(c) for c in reference_judge.calls)
     assert_same_advantages(got, want)
     # Only requests in flight on the killed worker may have been sent again: at most its
@@ -286,7 +288,7 @@ def test_two_workers_racing_on_a_redelivered_chain(tmp_path: Path, pg_url: str) 
     """Every chain message is delivered three times to two workers at once."""
     groups = [marker_group(seed, f"race{seed}", rollouts=4, max_turns=8) for seed in range(40, 43)]
     with running_judge(slow_marker(0.05)) as judge, redis_db() as broker:
-        env = worker_env(pg_url, broker, judge.url)
+        env = worker_env(pg_url, broker, judge.url, **COUNTED)
         workers = Workers(env, tmp_path)
         try:
             with api_client(pg_url, judge.url, broker_url=broker, auto_migrate=False) as client:
@@ -339,7 +341,7 @@ def test_two_workers_racing_on_a_redelivered_chain(tmp_path: Path, pg_url: str) 
 def test_sigterm_hands_back_running_chains(tmp_path: Path, pg_url: str) -> None:
     groups = [marker_group(seed, f"term{seed}", rollouts=3, max_turns=8) for seed in range(50, 53)]
     with running_judge(slow_marker(0.3)) as judge, redis_db() as broker:
-        workers = Workers(worker_env(pg_url, broker, judge.url, sweep_stale_after_s=60), tmp_path)
+        workers = Workers(worker_env(pg_url, broker, judge.url, sweep_stale_after_s=60, **COUNTED), tmp_path)
         try:
             first = workers.start("visit_judge", 4)
             workers.start("snippet_matcher,credit_aggregator", 4)

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from drcredit.domain.group import GroupIn
-from drcredit.scoring.dispatch import InProcessDispatcher
+from drcredit.scoring.dispatch import InProcessDispatcher, UnitRef
 from drcredit.scoring.results import breakdown, documents
 from drcredit.storage import models as m
 from drcredit.storage.bulk import JudgmentRow, store_judgments
@@ -529,5 +529,45 @@ def test_sweep_leaves_alone_the_work_of_a_queue_without_a_consumer(tmp_path: Pat
         assert recording.aggregations == [sub.group_pk]
         rt.pipeline.sweep(0.0)
         assert recording.aggregations == [sub.group_pk, sub.group_pk]
+    finally:
+        rt.close()
+
+
+def test_a_message_naming_a_unit_of_another_kind_leaves_it_alone(database_url: str, marker_judge: JudgeServer) -> None:
+    """A message names a unit by its row id; a message of another kind (another stack's
+    on the same Redis queues, whose ids run from 1 as ours do) must not run, and so
+    finish, the unit of ours that has its id: an outcome message naming a visit chain's
+    row finished the chain unjudged and its group's aggregation found no judgment."""
+    from tests.pipeline.test_outcome_judging import judged_group
+
+    recording = Recording()
+    rt = Runtime.build(settings_for(database_url, marker_judge.url), dispatcher=recording)  # type: ignore[arg-type]
+    try:
+        sub = rt.pipeline.submit_group("t", GroupIn.model_validate(judged_group("stray")))
+        chain = next(u for u in recording.units if u.kind == "visit_chain" and u.rollout_id == "a")
+        strays = [
+            UnitRef("outcome", chain.unit_id, chain.group_pk, "a"),
+            UnitRef("snippet", chain.unit_id, chain.group_pk, "a"),
+        ]
+        for stray in strays:
+            assert rt.pipeline.run_units([stray]) == ["noop"]
+        with rt.db.session() as s:
+            assert s.get(m.WorkUnit, chain.unit_id).status == "queued"  # type: ignore[union-attr]
+        assert all(o == "done" for o in rt.pipeline.run_units(recording.units))
+        assert recording.aggregations == [sub.group_pk]
+        rt.pipeline.run_aggregation(sub.group_pk)
+        with rt.db.session() as s:
+            row = documents.find_group(s, "t", sub.group_id, full=True)
+            assert (row.status, row.error) == ("done", None)
+            rubric_id = s.scalars(select(m.WorkUnit.rubric_id).where(m.WorkUnit.id == chain.unit_id)).one()
+            judged = s.scalars(
+                select(m.Judgment.turn_index).where(
+                    m.Judgment.group_pk == sub.group_pk,
+                    m.Judgment.kind == "visit",
+                    m.Judgment.rollout_id == "a",
+                    m.Judgment.rubric_id == rubric_id,
+                )
+            ).all()
+        assert sorted(judged) == [1, 2]  # the chain's two visits (turn 0 is a search)
     finally:
         rt.close()

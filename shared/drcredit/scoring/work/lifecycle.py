@@ -142,6 +142,7 @@ class UnitLifecycle:
         """
         rollouts = self.ctx.rollouts
         out: dict[int, Claimed | UnitOutcome] = {r.unit_id: "noop" for r in refs}
+        by_id = {r.unit_id: r for r in refs}
         with self.db.session() as s:
             # A claim changes a group row only to start a queued group (its first claim):
             # only then does it lock the group rows, first and in id order as every
@@ -151,7 +152,7 @@ class UnitLifecycle:
             groups = repo.group_states(s, group_pks)
             if any(state[0] == "queued" for state in groups.values()):
                 groups = repo.group_states(s, group_pks, lock=True)
-            units = repo.units_for_claim(s, [r.unit_id for r in refs])
+            units = [u for u in repo.units_for_claim(s, [r.unit_id for r in refs]) if _named(u, by_id[u.id])]
             headless = {u.group_pk for u in units if u.payload is not None and rollouts.header(u.group_pk) is None}
             for pk, question, rubrics in repo.group_headers(s, headless):
                 rollouts.remember_header(pk, question, rubrics)
@@ -218,6 +219,31 @@ class UnitLifecycle:
                 .where(m.WorkUnit.id == unit_id, m.WorkUnit.lease_owner == owner, m.WorkUnit.status == "running")
                 .values(status="queued", lease_owner=None, lease_expires_at=None)
             )
+
+
+def _named(unit: repo.UnitState, ref: UnitRef) -> bool:
+    """Whether the message's unit is this row: its kind, group and rollout as sent.
+
+    A message names its unit by row id only. One that is not this database's (a stack
+    sharing the broker, a database recreated under a broker that kept its messages: ids
+    start from 1 in each) must not run the row that happens to have its id: an outcome or
+    snippet run finishes whatever unit it holds, so a visit chain ended unjudged and its
+    group's aggregation found a visit judgment missing.
+    """
+    if unit.kind == ref.kind and unit.group_pk == ref.group_pk and ref.rollout_id in ("", unit.rollout_id):
+        return True
+    log.warning(
+        "a message names unit %s as %s of group %s rollout %r, but it is %s of group %s rollout %r: left alone"
+        " (is another deployment or an older database using this broker?)",
+        ref.unit_id,
+        ref.kind,
+        ref.group_pk,
+        ref.rollout_id,
+        unit.kind,
+        unit.group_pk,
+        unit.rollout_id,
+    )
+    return False
 
 
 def dispatch_queued(db: Database, dispatcher: Dispatcher, group_pks: Sequence[int]) -> int:

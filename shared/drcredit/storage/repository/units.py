@@ -33,11 +33,13 @@ class UnitState:
     dedupe_turns: list[Any] | None
     attempts: int
     payload: list[Any] | None
+    #: visit_chain, snippet or outcome: what a message naming the unit must say it is.
+    kind: str
 
 
 _UNIT_STATE = (
     "id, group_pk, rollout_id, rubric_id, turn_index, status, lease_owner, lease_expires_at, dedupe_turns,"
-    " attempts, payload"
+    " attempts, payload, kind"
 )
 
 
@@ -65,6 +67,7 @@ def units_for_claim(s: Session, unit_ids: Collection[int]) -> list[UnitState]:
             wu.dedupe_turns,
             wu.attempts,
             wu.payload,
+            wu.kind,
         )
         .where(wu.id.in_(sorted(unit_ids)))
         .order_by(wu.id)
