@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.distributed.test_distributed import (
+    COUNTED,
     assert_same_advantages,
     batch_advantages,
     embedded_reference,
@@ -46,11 +47,11 @@ def test_a_judge_down_mid_batch_is_waited_for_and_every_group_ends_exact(tmp_pat
     groups = [marker_group(seed, f"o{seed}", rollouts=4, max_turns=8) for seed in range(20, 24)]
     ids = [g["group_id"] for g in groups]
     with running_judge(slow_marker(0.1)) as judge, redis_db() as broker:
-        workers = Workers(worker_env(pg_url, broker, judge.url, judge_outage_deadline_s=120), tmp_path)
+        workers = Workers(worker_env(pg_url, broker, judge.url, judge_outage_deadline_s=120, **COUNTED), tmp_path)
         try:
             workers.start("visit_judge,snippet_matcher,credit_aggregator", 8)
             workers.start("visit_judge,snippet_matcher,credit_aggregator", 8)
-            with api_client(pg_url, judge.url, broker_url=broker, auto_migrate=False) as client:
+            with api_client(pg_url, judge.url, broker_url=broker, auto_migrate=False, **COUNTED) as client:
                 assert client.post("/v1/batches", json={"batch_id": "outage", "groups": groups}).status_code == 202
                 wait_for(lambda: judgments_done(client, ids) >= 15)
                 judge.down()
@@ -81,7 +82,7 @@ def test_a_judge_down_mid_batch_is_waited_for_and_every_group_ends_exact(tmp_pat
     cut = [j for j in judgments if any(a["outcome"] == "connection" for a in j["attempts"])]
     assert cut and all(j["attempts"][-1]["outcome"] == "ok" for j in cut)
     with running_judge(slow_marker(0.0)) as reference_judge:
-        want = embedded_reference(tmp_path, reference_judge, groups)
+        want = embedded_reference(tmp_path, reference_judge, groups, **COUNTED)
         expected = Counter(request_key(c) for c in reference_judge.calls)
     assert_same_advantages(got, want)
     # Requests in flight when the server stopped may have reached it unanswered; at most

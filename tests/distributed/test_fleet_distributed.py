@@ -18,6 +18,7 @@ import redis
 from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.store import EndpointRecord, RedisStore
 from tests.distributed.test_distributed import (
+    COUNTED,
     assert_same_advantages,
     batch_advantages,
     embedded_reference,
@@ -35,12 +36,13 @@ from tests.support.workload import marker_group
 pytestmark = pytest.mark.infra
 
 #: Plain workers: the fleet learns its limits (no judge concurrency set).
-PLAIN = {"judge_concurrency": 1024}
+# Calls are counted against the embedded reference: answers reused within a group only.
+PLAIN = {"judge_concurrency": 1024, **COUNTED}
 
 
 def reference(tmp_path: Path, groups: list[dict[str, Any]]) -> tuple[dict[str, Any], Counter[str]]:
     with running_judge(slow_marker(0.0)) as judge:
-        want = embedded_reference(tmp_path, judge, groups)
+        want = embedded_reference(tmp_path, judge, groups, **COUNTED)
         return want, Counter(request_key(c) for c in judge.calls)
 
 

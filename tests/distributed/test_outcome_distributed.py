@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy
 
 from tests.distributed.test_distributed import (
+    COUNTED,
     assert_same_advantages,
     batch_advantages,
     embedded_reference,
@@ -30,12 +31,14 @@ def test_a_batch_with_judged_outcomes_through_workers_matches_embedded(
 ) -> None:
     groups = [judged_group(f"oj{i}") for i in range(4)]
     with redis_db() as broker:
-        workers = Workers(worker_env(pg_url, broker, marker_judge.url), tmp_path)
+        # The four groups ask the same outcome requests: with reuse "group" each asks them
+        # itself, as the call counts below expect (COUNTED).
+        workers = Workers(worker_env(pg_url, broker, marker_judge.url, **COUNTED), tmp_path)
         try:
             workers.start("visit_judge,snippet_matcher", 8)
             workers.start("outcome_judge", 8)
             workers.start("credit_aggregator", 2)
-            with api_client(pg_url, marker_judge.url, broker_url=broker, auto_migrate=False) as client:
+            with api_client(pg_url, marker_judge.url, broker_url=broker, auto_migrate=False, **COUNTED) as client:
                 r = client.post("/v1/batches", json={"batch_id": "judged", "groups": groups})
                 assert r.status_code == 202, r.text
                 got = batch_advantages(client, "judged")
@@ -45,7 +48,7 @@ def test_a_batch_with_judged_outcomes_through_workers_matches_embedded(
     distributed = Counter(request_key(c) for c in marker_judge.calls)
     assert sum(1 for c in marker_judge.calls if c.kind in ("rubric", "citation")) == 4 * 10
     marker_judge.calls.clear()
-    want = embedded_reference(tmp_path, marker_judge, groups)
+    want = embedded_reference(tmp_path, marker_judge, groups, **COUNTED)
     assert_same_advantages(got, want)
     for gid, doc in want.items():
         assert [r["outcome_reward"] for r in got[gid]["rollouts"]] == [

@@ -18,6 +18,7 @@ import pytest
 from drcredit.settings import Settings
 from drcredit.storage.migrate import upgrade
 from tests.distributed.test_distributed import (
+    COUNTED,
     assert_same_advantages,
     batch_advantages,
     embedded_reference,
@@ -39,7 +40,7 @@ pytestmark = pytest.mark.infra
 DEFAULTS: dict[str, Any] = {
     name: Settings.model_fields[name].default
     for name in ("lease_s", "sweep_interval_s", "sweep_stale_after_s", "broker_visibility_timeout_s")
-}
+} | COUNTED
 TARGET_S = 60.0
 CONCURRENCY = 4
 
@@ -50,7 +51,7 @@ def groups_for(prefix: str, seeds: range) -> list[dict[str, Any]]:
 
 def reference(tmp_path: Path, groups: list[dict[str, Any]]) -> tuple[dict[str, Any], Counter[str]]:
     with running_judge(slow_marker(0.0)) as judge:
-        want = embedded_reference(tmp_path, judge, groups)
+        want = embedded_reference(tmp_path, judge, groups, **COUNTED)
         return want, Counter(request_key(c) for c in judge.calls)
 
 
