@@ -105,10 +105,16 @@ class _Waiters:
         siblings = self._siblings.get(together) if together is not None else None
         if not siblings:
             return
-        for i, (rank, arrival, held, granted) in enumerate(self._heap):
-            if granted in siblings and rank == -priority and arrival >= 0:
-                self._heap[i] = (rank, next(self._ahead), held, granted)
-        heapq.heapify(self._heap)
+        moved = sorted(
+            (arrival, i)
+            for i, (rank, arrival, _, granted) in enumerate(self._heap)
+            if granted in siblings and rank == -priority and arrival >= 0
+        )
+        for _, i in moved:  # in their order of arrival
+            rank, _, held, granted = self._heap[i]
+            self._heap[i] = (rank, next(self._ahead), held, granted)
+        if moved:
+            heapq.heapify(self._heap)
 
     def grant_next(self) -> bool:
         """Grant the first live waiter, and move its waiting siblings up behind it;
