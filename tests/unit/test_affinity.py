@@ -9,7 +9,7 @@ from collections import Counter
 
 from drcredit.judges.fleet.affinity import CALL_AFFINITY, LOAD_BOUND, rendezvous, slot_of, steer
 from drcredit.judges.fleet.endpoints import EndpointConfig
-from drcredit.judges.fleet.router import CALL_PRIORITY, Fleet
+from drcredit.judges.fleet.router import Fleet
 from drcredit.judges.fleet.state import Endpoint
 
 URLS = [f"http://judge-{k}:8000/v1" for k in range(3)]
@@ -94,35 +94,3 @@ def test_llama_slots_by_key_only_where_the_server_has_several() -> None:
     slots = Counter(slot_of(f"k{k}", 2) for k in range(1000))
     assert set(slots) == {0, 1} and all(400 <= n <= 600 for n in slots.values())
     assert slot_of("visit-9", 4) == slot_of("visit-9", 4)
-
-
-def test_waiting_calls_sharing_a_placed_calls_prefix_move_up_beside_it_within_its_priority() -> None:
-    """One place, taken; waiting: S1 and S2 (one prefix, 3 calls left) with X (another
-    prefix, 3 calls left) between them, and H (5 calls left) last. H goes first, then
-    S1, then S2 beside it, passing X, never H."""
-
-    async def run() -> list[str]:
-        fleet = Fleet([EndpointConfig(URLS[0], max_concurrency=1)])
-        order: list[str] = []
-        try:
-            holder = await fleet.acquire()
-
-            async def call(name: str, priority: int, key: str) -> None:
-                CALL_PRIORITY.set(priority)
-                CALL_AFFINITY.set(key)
-                lease = await fleet.acquire()
-                order.append(name)
-                await asyncio.sleep(0)
-                fleet.release(lease)
-
-            tasks = []
-            for name, priority, key in [("S1", 3, "visit-a"), ("X", 3, "visit-b"), ("S2", 3, "visit-a"), ("H", 5, "c")]:
-                tasks.append(asyncio.ensure_future(call(name, priority, key)))
-                await asyncio.sleep(0)
-            fleet.release(holder)
-            await asyncio.gather(*tasks)
-        finally:
-            await fleet.aclose()
-        return order
-
-    assert asyncio.run(run()) == ["H", "S1", "S2", "X"]

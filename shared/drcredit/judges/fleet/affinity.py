@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
 from collections.abc import Sequence
 from contextvars import ContextVar
 
@@ -79,24 +78,13 @@ class Affinities:
 
     def __init__(self) -> None:
         self._keys: dict[tuple[int, int], str] = {}
-        self._counts: Counter[str] = Counter()
 
     def remember(self, rank: tuple[int, int], key: str | None) -> None:
         if key is not None:
             self._keys[rank] = key
-            self._counts[key] += 1
 
     def forget(self, rank: tuple[int, int]) -> str | None:
-        key = self._keys.pop(rank, None)
-        if key is not None:
-            self._counts[key] -= 1
-            if not self._counts[key]:
-                del self._counts[key]
-        return key
-
-    def count(self, key: str) -> int:
-        """Waiting calls with this key."""
-        return self._counts[key]
+        return self._keys.pop(rank, None)
 
     def of(self, rank: tuple[int, int]) -> str | None:
         return self._keys.get(rank)

@@ -4,8 +4,7 @@ Calls wait here, not in the judge servers: an endpoint is sent at most this proc
 share of its learned limit (:mod:`~drcredit.judges.fleet.limits`, shared through
 :mod:`~drcredit.judges.fleet.store`), and a waiting call is handed the next free place
 in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has to make:
-the step's longest chains first), arrival order among equals, except that the calls
-sharing a placed call's prefix key move up beside it. A call goes to the
+the step's longest chains first), arrival order among equals. A call goes to the
 endpoint that would answer it soonest: the least ``latency x (1 + load / share) /
 weight``, where the load of a full endpoint counts the calls ahead of this one; a call
 waits when that endpoint is full, so a slow replica gets only the calls that would wait
