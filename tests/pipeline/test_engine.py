@@ -730,3 +730,99 @@ def test_recent_keeps_the_summed_weights_within_its_budget() -> None:
     assert cache.weight == 5 and cache.get("a") == "A2"
     cache.put("d", "D", 20)  # heavier than the budget alone: kept, the others go
     assert len(cache) == 1 and cache.get("d") == "D" and cache.weight == 20
+
+
+# ----------------------------------------------------------------------------- going together
+
+
+def test_chains_ready_at_the_same_visit_go_together_and_the_others_neither_wait_nor_are_waited_for() -> None:
+    """Three rubric chains of one rollout, each 3 calls left, behind an 11-call chain
+    with a 0.2 s latency: B (ready at visit 4) and C (its previous visit not judged
+    yet: next call visit 2) queue first and are held one latency; by the time A (ready
+    at visit 4) queues, the deep chain has run down and A goes at once, and B with
+    it; C, not at visit 4, keeps its own hold, and A does not wait for it."""
+    clock = FakeClock()
+
+    async def scenario() -> dict[str, float]:
+        order = StartOrder(clock=clock)
+        order.observe_latency(0.2)
+        loop = asyncio.get_running_loop()
+        await order.wait(11)
+        started = loop.time()
+        times: dict[str, float] = {}
+
+        async def timed(name: str, visit: int) -> None:
+            await order.wait(3, together=(1, "rollout-1", visit))
+            times[name] = loop.time() - started
+
+        held = [asyncio.ensure_future(timed("B", 4)), asyncio.ensure_future(timed("C", 2))]
+        await asyncio.sleep(0.05)
+        assert times == {}  # both held: 11 - 3 calls is past the margin
+        clock.now += 0.2 * 9  # the deep chain has 2 calls left: A has no slack to spare
+        await timed("A", 4)
+        await asyncio.gather(*held)
+        return times
+
+    times = asyncio.run(scenario())
+    assert times["A"] < 0.1, times
+    assert abs(times["B"] - times["A"]) < 0.01, times  # let go with A, before its hold ends
+    assert 0.18 <= times["C"] < 0.3, times  # its own hold, neither shortened nor lengthened
+
+
+def test_a_chain_arriving_within_a_latency_of_its_sibling_is_not_held() -> None:
+    """A went at once (the deep chain had run down); a newer 11-call chain makes B, its
+    sibling at the same visit arriving 0.05 s later, one with slack: B is not held
+    (its sibling's prefix is fresh at the judge), D at another visit is."""
+    clock = FakeClock()
+
+    async def scenario() -> dict[str, float]:
+        order = StartOrder(clock=clock)
+        order.observe_latency(0.2)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        times: dict[str, float] = {}
+
+        async def timed(name: str, visit: int) -> None:
+            await order.wait(3, together=(1, "rollout-1", visit))
+            times[name] = loop.time() - started
+
+        await timed("A", 4)
+        await order.wait(11)
+        await asyncio.gather(timed("B", 4), timed("D", 5))
+        return times
+
+    times = asyncio.run(scenario())
+    assert times["B"] < 0.1, times
+    assert 0.18 <= times["D"] < 0.3, times
+
+
+def test_a_call_handed_a_slot_takes_its_waiting_siblings_ahead_of_others_of_its_priority() -> None:
+    """Slots full; waiting: S1 and S2 (the same visit, 3 calls left) with X (3 calls
+    left, another rollout) between them, and H (5 calls left) last. H goes first (more
+    work left), then S1, and S2 beside it, passing X; never passing H."""
+
+    async def scenario() -> list[str]:
+        slots = PrioritySlots(1)
+        await slots.acquire(0)
+        log: list[str] = []
+
+        async def take(name: str, priority: int, together: tuple[int, str, int] | None) -> None:
+            await slots.acquire(priority, together)
+            log.append(name)
+            await asyncio.sleep(0)
+            slots.release()
+
+        tasks = []
+        for name, priority, together in [
+            ("S1", 3, (1, "rollout-1", 4)),
+            ("X", 3, (1, "rollout-2", 4)),
+            ("S2", 3, (1, "rollout-1", 4)),
+            ("H", 5, None),
+        ]:
+            tasks.append(asyncio.ensure_future(take(name, priority, together)))
+            await asyncio.sleep(0)
+        slots.release()
+        await asyncio.gather(*tasks)
+        return log
+
+    assert asyncio.run(scenario()) == ["H", "S1", "S2", "X"]

@@ -14,12 +14,13 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager
 
 from drcredit.judges.fleet.router import CALL_PRIORITY
 from drcredit.tenancy.fair import FairQueue
-from drcredit.tenancy.owner import CALL_OWNER
+from drcredit.tenancy.owner import CALL_OWNER, Owner
 
 #: A unit at least this many calls shorter than the deepest chain running holds its
 #: first call back by one judge latency: it has more than two latencies of slack, and
@@ -36,40 +37,94 @@ GOLDEN_STEP = (math.sqrt(5) - 1) / 2
 LATENCY_WEIGHT = 0.1
 
 
+#: What goes with what: the calls of one visit of one rollout (its rubric chains' calls
+#: share the visit's pages, a prefix the judge server caches); None: nothing.
+Together = Hashable | None
+
+
 class _Waiters:
     """Waiters granted highest priority first, then in arrival order; a cancelled
-    waiter is skipped, never granted."""
+    waiter is skipped, never granted. A waiter may name what it goes ``together``
+    with: :meth:`promote` moves such siblings to the front of their priority."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[int, int, bool, asyncio.Future[None]]] = []
         self._arrivals = itertools.count()
+        #: Arrival numbers of promoted waiters: ahead of every plain arrival.
+        self._ahead = itertools.count(-(2**62))
+        self._together: dict[asyncio.Future[None], Hashable] = {}
+        self._siblings: dict[Hashable, set[asyncio.Future[None]]] = {}
 
     def __bool__(self) -> bool:
         return bool(self._heap)
 
     def add(
-        self, priority: int, granted: asyncio.Future[None] | None = None, held: bool = False
+        self,
+        priority: int,
+        granted: asyncio.Future[None] | None = None,
+        held: bool = False,
+        together: Together = None,
     ) -> asyncio.Future[None]:
         """Queue a waiter (``granted``: one coming back from a hold, with ``held`` set)."""
         if granted is None:
             granted = asyncio.get_running_loop().create_future()
         heapq.heappush(self._heap, (-priority, next(self._arrivals), held, granted))
+        if together is not None:
+            self._together[granted] = together
+            self._siblings.setdefault(together, set()).add(granted)
         return granted
 
-    def pop(self) -> tuple[int, bool, asyncio.Future[None]] | None:
-        """The first live waiter, taken off the queue: (priority, held before, its future)."""
+    def _forget(self, granted: asyncio.Future[None]) -> Together:
+        together = self._together.pop(granted, None)
+        if together is not None:
+            siblings = self._siblings[together]
+            siblings.discard(granted)
+            if not siblings:
+                del self._siblings[together]
+        return together
+
+    def pop(self) -> tuple[int, bool, asyncio.Future[None], Together] | None:
+        """The first live waiter, taken off the queue: (priority, held before, its
+        future, what it goes together with)."""
         while self._heap:
             priority, _, held, granted = heapq.heappop(self._heap)
+            together = self._forget(granted)
             if not granted.done():
-                return -priority, held, granted
+                return -priority, held, granted, together
         return None
 
+    def siblings(self, together: Together) -> list[asyncio.Future[None]]:
+        """The live waiters that go with ``together``."""
+        if together is None:
+            return []
+        return [f for f in self._siblings.get(together, ()) if not f.done()]
+
+    def promote(self, together: Together, priority: int) -> None:
+        """Move the waiters that go with ``together`` and have ``priority`` ahead of the
+        others of that priority (never ahead of a higher one: no longer chain waits)."""
+        siblings = self._siblings.get(together) if together is not None else None
+        if not siblings:
+            return
+        moved = sorted(
+            (arrival, i)
+            for i, (rank, arrival, _, granted) in enumerate(self._heap)
+            if granted in siblings and rank == -priority and arrival >= 0
+        )
+        for _, i in moved:  # in their order of arrival
+            rank, _, held, granted = self._heap[i]
+            self._heap[i] = (rank, next(self._ahead), held, granted)
+        if moved:
+            heapq.heapify(self._heap)
+
     def grant_next(self) -> bool:
-        """Grant the first live waiter; False when none is left."""
+        """Grant the first live waiter, and move its waiting siblings up behind it;
+        False when none is left."""
         waiter = self.pop()
         if waiter is None:
             return False
-        waiter[2].set_result(None)
+        priority, _, granted, together = waiter
+        granted.set_result(None)
+        self.promote(together, priority)
         return True
 
 
@@ -81,7 +136,10 @@ class PrioritySlots:
     call, so a step's longest chains, which decide its wall time, wait once per call.
     Priority is the caller's remaining work (a chain's calls still to make): the longest
     remaining path goes first, the rule that keeps a schedule near its critical path.
-    Equal priorities are served in arrival order. Across tenants the slots are shared as
+    Equal priorities are served in arrival order, except that when a call is handed a
+    slot, the waiting calls that go ``together`` with it (the other rubrics' calls for
+    the same visit, which share its prompt prefix) move ahead of the others of its
+    priority, so they reach the judge beside it. Across tenants the slots are shared as
     the judge fleet is (:class:`~drcredit.tenancy.fair.FairQueue`: tenants by ``weight``,
     training before audits, runs in turn, then priority): a tenant-blind gate here would
     fill the fleet's queue with the calls of whoever is served slowest, and the fleet
@@ -93,8 +151,11 @@ class PrioritySlots:
         #: A tenant's weight now (the judge fleet's part of it in this process).
         self.weight: Callable[[str], float] = weight or (lambda _tenant: 1.0)
         self._waiters: FairQueue[asyncio.Future[None]] = FairQueue(lambda tenant: self.weight(tenant))
+        #: Waiters that go with others: (owner, priority, together), and the reverse.
+        self._with: dict[asyncio.Future[None], tuple[Owner, int, Hashable]] = {}
+        self._siblings: dict[Hashable, set[asyncio.Future[None]]] = {}
 
-    async def acquire(self, priority: int) -> None:
+    async def acquire(self, priority: int, together: Together = None) -> None:
         # The judge fleet orders the calls waiting for an endpoint by the same priority.
         CALL_PRIORITY.set(priority)
         # A free slot means nobody waits: a release hands its slot to a live waiter.
@@ -102,7 +163,11 @@ class PrioritySlots:
             self._free -= 1
             return
         granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.push(granted, CALL_OWNER.get(), priority)
+        owner = CALL_OWNER.get()
+        self._waiters.push(granted, owner, priority)
+        if together is not None:
+            self._with[granted] = (owner, priority, together)
+            self._siblings.setdefault(together, set()).add(granted)
         try:
             await granted
         except asyncio.CancelledError:
@@ -118,14 +183,28 @@ class PrioritySlots:
                 return
             if waiter.done():  # cancelled while it waited: takes nobody's turn
                 self._waiters.pop_first(charge=False)
+                self._forget(waiter)
                 continue
             self._waiters.pop_first()
             waiter.set_result(None)  # the slot passes straight to a waiter
+            went = self._forget(waiter)
+            if went is not None:  # its siblings next, ahead of the others of its priority
+                owner, priority, together = went
+                self._waiters.promote(owner, priority, self._siblings.get(together, set()))
             return
 
+    def _forget(self, waiter: asyncio.Future[None]) -> tuple[Owner, int, Hashable] | None:
+        went = self._with.pop(waiter, None)
+        if went is not None:
+            siblings = self._siblings[went[2]]
+            siblings.discard(waiter)
+            if not siblings:
+                del self._siblings[went[2]]
+        return went
+
     @asynccontextmanager
-    async def slot(self, priority: int = 0) -> AsyncIterator[None]:
-        await self.acquire(priority)
+    async def slot(self, priority: int = 0, together: Together = None) -> AsyncIterator[None]:
+        await self.acquire(priority, together)
         try:
             yield
         finally:
@@ -176,6 +255,12 @@ class StartOrder:
     chains of 6 calls ended a step 2 s after its bound). The first hold of a fresh
     process is not spread either: the first answers of a cold process come late, and
     a latency learnt from them spread units past the deepest chain.
+
+    Units that go ``together`` (the rubric chains of one rollout whose next call is for
+    the same visit: their prompts share its pages, which the judge server caches for a
+    while) are let go at once: when one is admitted, its siblings waiting or held are
+    admitted with it, and a sibling that comes later within one judge latency is not
+    held. A unit is only ever let go earlier for a sibling, never held for one.
     """
 
     def __init__(self, per_tick: int = 64, clock: Callable[[], float] = time.monotonic):
@@ -196,6 +281,11 @@ class StartOrder:
         self._spread = 0.0
         #: Waiting units that asked to be spread over their slack.
         self._spreading: set[asyncio.Future[None]] = set()
+        #: Held units by what they go together with, and the reverse.
+        self._held: dict[Hashable, set[asyncio.Future[None]]] = {}
+        self._held_with: dict[asyncio.Future[None], Hashable] = {}
+        #: When a unit of each ``together`` was last admitted, oldest first.
+        self._went: OrderedDict[Hashable, float] = OrderedDict()
 
     def observe_latency(self, seconds: float) -> None:
         """An answered call's time at the judge (its waits on this side for a place, a
@@ -243,10 +333,11 @@ class StartOrder:
         self._spread = (self._spread + GOLDEN_STEP) % 1.0
         return self._spread * beyond_margin * self.latency_s
 
-    async def wait(self, priority: int, spread: bool = False) -> None:
+    async def wait(self, priority: int, spread: bool = False, together: Together = None) -> None:
         """Return when admitted (``priority``: the unit's calls to make; more goes first;
-        ``spread``: a unit nothing else waits on, which may use its slack)."""
-        granted = self._waiters.add(priority)
+        ``spread``: a unit nothing else waits on, which may use its slack; ``together``:
+        what it goes with, see above)."""
+        granted = self._waiters.add(priority, together=together)
         if spread:
             self._spreading.add(granted)
         self._schedule(asyncio.get_running_loop())
@@ -268,21 +359,45 @@ class StartOrder:
             waiter = self._waiters.pop()
             if waiter is None:
                 break
-            priority, held, granted = waiter
-            hold = 0.0 if held else self.hold_s(priority, granted in self._spreading)
-            if hold > 0 and self.latency_s is None:
-                self._hold_cold(loop, priority, granted)
-                continue
+            priority, held, granted, together = waiter
+            hold = 0.0 if held or self._went_lately(together) else self.hold_s(priority, granted in self._spreading)
             if hold > 0:
-                loop.call_later(hold, self._back_from_hold, loop, priority, granted)
+                if together is not None:
+                    self._held.setdefault(together, set()).add(granted)
+                    self._held_with[granted] = together
+                if self.latency_s is None:
+                    self._hold_cold(loop, priority, granted)
+                else:
+                    loop.call_later(hold, self._back_from_hold, loop, priority, granted)
                 continue
-            granted.set_result(None)
+            self._go(priority, granted)
             admitted += 1
-            if priority > self.deepest_left():
-                self._deepest = (self._clock(), priority)
+            if together is not None:
+                self._went[together] = self._clock()
+                self._went.move_to_end(together)
+                held_siblings = self._held.pop(together, set())
+                for sibling in held_siblings:
+                    del self._held_with[sibling]
+                for sibling in [*self._waiters.siblings(together), *held_siblings]:
+                    if not sibling.done():
+                        self._go(priority, sibling)
         self._scheduled = False
         if self._waiters:
             self._schedule(loop)
+
+    def _go(self, priority: int, granted: asyncio.Future[None]) -> None:
+        granted.set_result(None)
+        if priority > self.deepest_left():
+            self._deepest = (self._clock(), priority)
+
+    def _went_lately(self, together: Together) -> bool:
+        """Whether a unit that goes with ``together`` was admitted within one judge
+        latency (``MAX_HOLD_S`` before one is known): its prefix is fresh at the judge."""
+        window = self.latency_s if self.latency_s is not None else MAX_HOLD_S
+        now = self._clock()
+        while self._went and now - next(iter(self._went.values())) > window:
+            self._went.popitem(last=False)
+        return together is not None and together in self._went
 
     def _hold_cold(self, loop: asyncio.AbstractEventLoop, priority: int, granted: asyncio.Future[None]) -> None:
         self._cold.append((loop, priority, granted))
@@ -290,6 +405,12 @@ class StartOrder:
             self._cold_timer = loop.call_later(MAX_HOLD_S, self.call_ended)
 
     def _back_from_hold(self, loop: asyncio.AbstractEventLoop, priority: int, granted: asyncio.Future[None]) -> None:
+        together = self._held_with.pop(granted, None)
+        if together is not None:
+            held = self._held[together]
+            held.discard(granted)
+            if not held:
+                del self._held[together]
         if not granted.done():  # a unit cancelled during its hold is gone
-            self._waiters.add(priority, granted, held=True)
+            self._waiters.add(priority, granted, held=True, together=together)
             self._schedule(loop)

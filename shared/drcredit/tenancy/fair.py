@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -162,6 +162,8 @@ class FairQueue(Generic[T]):
         self._tenants: dict[str, _Tenant[T]] = {}
         self._clock = 0.0
         self._arrivals = itertools.count()
+        #: Arrival numbers of promoted calls: ahead of every plain arrival.
+        self._ahead = itertools.count(-(2**62))
         self._size = 0
 
     def __len__(self) -> int:
@@ -194,6 +196,25 @@ class FairQueue(Generic[T]):
         klass = tenant.classes[0] if tenant.classes[0].waiting else tenant.classes[1]
         run_name = min((r for r in klass.runs if klass.runs[r].heap), key=lambda r: (klass.runs[r].flow.vtime, r))
         return best[1], tenant, klass, klass.runs[run_name]
+
+    def promote(self, owner: Owner, priority: int, items: Collection[T]) -> None:
+        """Move ``items`` (waiting calls of ``owner`` with ``priority``) ahead of the
+        others of that priority in their run, in their order of arrival: calls that share
+        a prompt prefix with one just placed go beside it."""
+        tenant = self._tenants.get(owner.tenant)
+        run = tenant.classes[1 if owner.audit else 0].runs.get(owner.run) if tenant is not None else None
+        if run is None or not items:
+            return
+        moved = sorted(
+            (arrival, i)
+            for i, (rank, arrival, item) in enumerate(run.heap)
+            if rank == -priority and arrival >= 0 and item in items
+        )
+        for _, i in moved:
+            rank, _, item = run.heap[i]
+            run.heap[i] = (rank, next(self._ahead), item)
+        if moved:
+            heapq.heapify(run.heap)
 
     def first(self, skip: frozenset[str] = frozenset()) -> T | None:
         """The call to place next (``skip``: tenants that may not take a place now)."""

@@ -67,8 +67,12 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
     # judge concurrency in answers, as when the store was awaited first.
     pending: asyncio.Task[StoreOutcome] | None = None
     pending_finishes = False
-    # The first call waits its turn behind longer chains (see StartOrder).
-    await ctx.engine.start_order.wait(sum(1 for u in chain.turn_indices if u not in done))
+    # The first call waits its turn behind longer chains (see StartOrder), and goes with
+    # the rollout's other rubric chains whose next call is for the same visit.
+    first = next((u for u in chain.turn_indices if u not in done), None)
+    await ctx.engine.start_order.wait(
+        sum(1 for u in chain.turn_indices if u not in done), together=(group_pk, rollout.id, first)
+    )
     while True:
         t = next((u for u in chain.turn_indices if u not in done), None)
         if t is None or ctx.stopping.is_set():
@@ -132,11 +136,11 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
                 if outcome == "duplicate":
                     done, history = await reread()
                     continue
-            async with slots.slot(remaining):
+            async with slots.slot(remaining, (group_pk, rollout.id, t)):
                 result, stored = await ctx.judging.once(group_pk, key, "visit", call, store, reuse)
             pending_finishes = last and stored == "stored"
         else:
-            await slots.acquire(remaining)
+            await slots.acquire(remaining, (group_pk, rollout.id, t))
             try:
                 result = await ctx.judging.call(group_pk, call, reuse)
                 previous: StoreOutcome = "stored"
