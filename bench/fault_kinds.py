@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from bench.fault_stack import FaultStack
+from bench.fault_stack import FaultStack, Supervised
 
 #: The workers a killed-worker fault picks from: the services a step's work passes through
 #: (the outcome judge and the auditor run, but a step without judged outcomes or audits
@@ -50,21 +50,15 @@ class Injector:
     def worker(self) -> Fault:
         """SIGKILL of one worker, started again after the downtime (a restart policy's delay)."""
         victim = self.rng.choice([w for w in self.stack.workers if w.name.split()[-1] in BUSY_QUEUES])
-        down = self.downtime()
-        fault = Fault("worker", victim.name, self.clock(), detail=f"SIGKILL, restarted after {down} s")
-        self.stack.hold(victim)
-        time.sleep(down)
-        self.stack.release(victim)
-        victim.wait_ready()
-        fault.ended = self.clock()
-        return fault
+        return self._killed("worker", victim)
 
     def judge(self) -> Fault:
         """SIGKILL of one judge replica, started again on its port after the downtime."""
-        index = self.rng.randrange(len(self.stack.judges))
-        victim = self.stack.judges[index]
+        return self._killed("judge", self.stack.judges[self.rng.randrange(len(self.stack.judges))])
+
+    def _killed(self, kind: str, victim: Supervised) -> Fault:
         down = self.downtime()
-        fault = Fault("judge", victim.name, self.clock(), detail=f"SIGKILL, restarted after {down} s")
+        fault = Fault(kind, victim.name, self.clock(), detail=f"SIGKILL, restarted after {down} s")
         self.stack.hold(victim)
         time.sleep(down)
         self.stack.release(victim)
