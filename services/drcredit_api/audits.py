@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from drcredit.audit import service
 from drcredit.audit.schemas import AuditRequest
 from drcredit.scoring.errors import NotReady
-from drcredit_api import schemas
+from drcredit_api import audit_schemas
 from drcredit_api.endpoints import INGEST, READ, RESULT, RuntimeDep, Tenant, Wait, answers, read_db
 
 router = APIRouter(tags=["audits"])
@@ -23,13 +23,13 @@ router = APIRouter(tags=["audits"])
 POLL_S = 0.25
 
 
-@router.post("/v1/audits", status_code=202, response_model=schemas.AuditSummary, responses=INGEST)
+@router.post("/v1/audits", status_code=202, response_model=audit_schemas.AuditSummary, responses=INGEST)
 async def post_audit(request: AuditRequest, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Re-score a sample of done groups with an audit judge and compare (202: queued)."""
     return await run_in_threadpool(service.start, rt.db, rt.audits, tenant, request, rt.dispatcher.dispatch_audit)
 
 
-@router.get("/v1/audits", response_model=schemas.AuditList, responses=answers())
+@router.get("/v1/audits", response_model=audit_schemas.AuditList, responses=answers())
 async def list_audits(
     tenant: Tenant,
     rt: RuntimeDep,
@@ -39,7 +39,7 @@ async def list_audits(
     return {"audits": await read_db(rt, lambda s: service.listing(s, tenant, run))}
 
 
-@router.get("/v1/audits/{audit_id}", response_model=schemas.AuditDocument, responses=RESULT)
+@router.get("/v1/audits/{audit_id}", response_model=audit_schemas.AuditDocument, responses=RESULT)
 async def get_audit(audit_id: str, tenant: Tenant, rt: RuntimeDep, wait: Wait = 0) -> dict[str, Any]:
     """The audit's report once done; ``409`` with its status (and a failure's reason) until then."""
     deadline = time.monotonic() + min(wait, rt.settings.max_wait_s)

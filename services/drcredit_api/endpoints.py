@@ -22,7 +22,7 @@ from drcredit.scoring.results.replay import replay
 from drcredit.scoring.results.usage import group_usage
 from drcredit.storage import models as m
 from drcredit.wiring.runtime import Runtime
-from drcredit_api import queues, schemas
+from drcredit_api import queues, schemas, usage_schemas
 from drcredit_api.auth import tenant_of
 from drcredit_api.budget_gate import budget_hold
 
@@ -45,7 +45,7 @@ _ERRORS: dict[int, dict[str, Any]] = {
     415: {"model": schemas.ErrorBody, "description": "The body is not sent as application/json"},
     422: {"model": schemas.ErrorBody, "description": "Invalid input; each error names its field"},
     429: {
-        "model": schemas.BudgetExhaustedBody,
+        "model": usage_schemas.BudgetExhaustedBody,
         "description": "A budget of the tenant is used up (on_budget: refuse); see Retry-After",
     },
     503: {"model": schemas.ErrorBody, "description": "Database away or schema behind this release (see Retry-After)"},

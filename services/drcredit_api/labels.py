@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, ConfigDict
 
 from drcredit.audit.labels import queue as label_queue
 from drcredit.audit.labels import store
@@ -15,6 +14,7 @@ from drcredit.audit.labels.schemas import LabelImport, LabelIn
 from drcredit.audit.schemas import AuditScope
 from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit_api.endpoints import INGEST, READ, RESULT, RuntimeDep, Tenant, read_db
+from drcredit_api.schemas import Open
 
 router = APIRouter(tags=["labels"])
 
@@ -23,11 +23,7 @@ Labeler = Annotated[
 ]
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class QueueItem(_Open):
+class QueueItem(Open):
     item_id: str
     group_id: str
     kind: str
@@ -37,7 +33,7 @@ class QueueItem(_Open):
     shown: dict[str, Any]
 
 
-class LabelQueue(_Open):
+class LabelQueue(Open):
     labeler: str
     kinds: list[str]
     #: Judgments of the scope this labeler could still label (the sample's population).
@@ -45,7 +41,7 @@ class LabelQueue(_Open):
     items: list[QueueItem]
 
 
-class Label(_Open):
+class Label(Open):
     item_id: str
     group_id: str
     kind: str
@@ -61,11 +57,11 @@ class StoredLabel(Label):
     judge: dict[str, Any]
 
 
-class LabelList(_Open):
+class LabelList(Open):
     labels: list[Label]
 
 
-class Imported(_Open):
+class Imported(Open):
     stored: int
     replaced: int
 

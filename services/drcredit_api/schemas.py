@@ -9,18 +9,20 @@ from pydantic import BaseModel, ConfigDict
 from drcredit.domain.group import Rollout
 
 
-class _Open(BaseModel):
+class Open(BaseModel):
+    """A response shape that may carry more fields than it names."""
+
     model_config = ConfigDict(extra="allow")
 
 
-class Accepted(_Open):
+class Accepted(Open):
     group_id: str
     status: str
     created: bool
     links: dict[str, str]
 
 
-class RolloutAccepted(_Open):
+class RolloutAccepted(Open):
     group_id: str
     rollout_id: str
     status: str
@@ -29,14 +31,14 @@ class RolloutAccepted(_Open):
     expected_rollouts: int
 
 
-class BatchAccepted(_Open):
+class BatchAccepted(Open):
     batch_id: str
     group_ids: list[str]
     created: bool
     links: dict[str, str]
 
 
-class Progress(_Open):
+class Progress(Open):
     judgments_total: int
     judgments_done: int
     judgments_failed: int
@@ -46,7 +48,7 @@ class Progress(_Open):
     snippet_calls_skipped: int
 
 
-class Usage(_Open):
+class Usage(Open):
     """What judging cost (docs/api.md, "Judge usage and cost")."""
 
     #: HTTP exchanges with the judge: every attempt, retries included.
@@ -67,7 +69,7 @@ class Usage(_Open):
     cost_usd: float | None
 
 
-class UsagePerTrajectory(_Open):
+class UsagePerTrajectory(Open):
     """:class:`Usage` divided by trajectories: means."""
 
     calls: float
@@ -82,14 +84,14 @@ class UsagePerTrajectory(_Open):
     cost_usd: float | None
 
 
-class JudgeWait(_Open):
+class JudgeWait(Open):
     #: When the judge became unreachable for this group's judgments.
     since: str | None
     #: The judge's last error (connection refused, timeout, 503, ...).
     reason: str | None
 
 
-class ConsumerWait(_Open):
+class ConsumerWait(Open):
     #: The queue whose work the group waits on (visit_judge, snippet_matcher, outcome_judge, credit_aggregator).
     queue: str
     #: Since when: the later of its oldest waiting work and the last time a worker consumed the queue.
@@ -98,7 +100,7 @@ class ConsumerWait(_Open):
     units: int
 
 
-class GroupStatus(_Open):
+class GroupStatus(Open):
     group_id: str
     status: str
     batch_id: str | None
@@ -121,7 +123,7 @@ class GroupStatus(_Open):
     finished_at: str | None
 
 
-class TurnAdvantage(_Open):
+class TurnAdvantage(Open):
     index: int
     type: str
     #: Null on the final answer, and on an unscorable turn under ``exclude``.
@@ -136,7 +138,7 @@ class TurnAdvantage(_Open):
     unscorable: bool
 
 
-class RolloutAdvantages(_Open):
+class RolloutAdvantages(Open):
     id: str
     #: The trainer's reward, or the service's own (``outcome_source: judge``); null when
     #: that one is unscorable under ``exclude``.
@@ -154,7 +156,7 @@ class ScoredRollout(RolloutAdvantages):
     usage: Usage
 
 
-class Stats(_Open):
+class Stats(Open):
     mu_rg: float | None
     sigma_rg: float | None
     mu_o: float | None
@@ -165,7 +167,7 @@ class AdvantagesProgress(Progress):
     unscorable_turns: int
 
 
-class AdvantagesDocument(_Open):
+class AdvantagesDocument(Open):
     group_id: str
     status: str
     params: dict[str, Any]
@@ -177,13 +179,13 @@ class AdvantagesDocument(_Open):
     rollouts: list[ScoredRollout]
 
 
-class BatchAdvantages(_Open):
+class BatchAdvantages(Open):
     batch_id: str
     status: str
     groups: list[dict[str, Any]]
 
 
-class BatchStatus(_Open):
+class BatchStatus(Open):
     batch_id: str
     status: str
     #: The sum of the groups' usage.
@@ -191,7 +193,7 @@ class BatchStatus(_Open):
     groups: list[GroupStatus]
 
 
-class CreditsDocument(_Open):
+class CreditsDocument(Open):
     group_id: str
     #: done, or failed (then credits are null and ``error`` says why)
     status: str
@@ -205,7 +207,7 @@ class ReplayRequest(BaseModel):
     params: dict[str, Any] = {}
 
 
-class Sensitivity(_Open):
+class Sensitivity(Open):
     turns: int
     wasserstein_1: float
     rmse: float
@@ -213,7 +215,7 @@ class Sensitivity(_Open):
     fused_sign_agreement: float
 
 
-class ReplayDocument(_Open):
+class ReplayDocument(Open):
     group_id: str
     status: str
     params: dict[str, Any]
@@ -225,14 +227,14 @@ class ReplayDocument(_Open):
     sensitivity: Sensitivity
 
 
-class ErrorField(_Open):
+class ErrorField(Open):
     #: The offending field's path (``rollouts[2].turns[4].pages[1].id``), or what the
     #: error is about (``group_id``, ``body``, ``authorization``, ``status``).
     field: str
     message: str
 
 
-class ErrorBody(_Open):
+class ErrorBody(Open):
     """Every error answer: a message, and one item per field it names."""
 
     message: str
@@ -244,20 +246,20 @@ class ErrorBody(_Open):
 RolloutIn = Rollout
 
 
-class EvidencePoint(_Open):
+class EvidencePoint(Open):
     budget: int
     cumulative: float | None
     rate: float | None
     rollouts: int
 
 
-class EvidenceDocument(_Open):
+class EvidenceDocument(Open):
     group_id: str
     status: str
     points: list[EvidencePoint]
 
 
-class RunSummary(_Open):
+class RunSummary(Open):
     run: str
     groups: int
     steps: int
@@ -265,11 +267,11 @@ class RunSummary(_Open):
     last_at: str
 
 
-class RunList(_Open):
+class RunList(Open):
     runs: list[RunSummary]
 
 
-class JudgeLevels(_Open):
+class JudgeLevels(Open):
     """The distribution of one kind's levels over the judgments the judge answered."""
 
     judgments: int
@@ -278,14 +280,14 @@ class JudgeLevels(_Open):
     shares: list[float] | None
 
 
-class StepDrift(_Open):
+class StepDrift(Open):
     #: Total variation distance from the baseline; null for the first three steps, in a
     #: run of fewer than four, or without a judgment on either side.
     value: float | None
     flagged: bool
 
 
-class DriftBaseline(_Open):
+class DriftBaseline(Open):
     threshold: float
     #: The run's first three numbered steps (empty in a run of fewer than four).
     steps: list[int]
@@ -293,7 +295,7 @@ class DriftBaseline(_Open):
     judge_levels: dict[str, JudgeLevels] | None
 
 
-class RunStep(_Open):
+class RunStep(Open):
     step: int | None
     groups: int
     groups_done: int
@@ -320,7 +322,7 @@ class RunStep(_Open):
     drift: dict[str, StepDrift] | None = None
 
 
-class Workload(_Open):
+class Workload(Open):
     """The run's scoring workload row: per-step values averaged over the scored steps."""
 
     steps: int
@@ -333,7 +335,7 @@ class Workload(_Open):
     usage: Usage
 
 
-class RunDocument(_Open):
+class RunDocument(Open):
     run: str
     budgets: list[int]
     workload: Workload
@@ -341,7 +343,7 @@ class RunDocument(_Open):
     steps: list[RunStep]
 
 
-class SensitivityScenario(_Open):
+class SensitivityScenario(Open):
     batch_id: str | None = None
     params: dict[str, Any]
     exact: bool
@@ -353,116 +355,18 @@ class NamedScenario(SensitivityScenario):
     name: str
 
 
-class SensitivityTable(_Open):
+class SensitivityTable(Open):
     batch_id: str
     groups: int
     groups_in_batch: int
     scenarios: list[NamedScenario]
 
 
-class AuditSummary(_Open):
-    audit_id: str
-    status: str
-    judge: str
-    judge_model: str | None = None
-    scope: dict[str, Any]
-    sample_groups: int | None = None
-    seed: int
-    group_ids: list[str]
-    error: str | None = None
-    created_at: str | None = None
-    started_at: str | None = None
-    finished_at: str | None = None
-
-
-class Marginals(_Open):
-    """Each side's share of its paired values in each category 0..m."""
-
-    original: list[float]
-    audit: list[float]
-
-
-class KindAgreement(_Open):
-    pairs: int
-    left_out: int
-    exact: float | None
-    kappa: float | None
-    confusion: list[list[int]]
-    #: Mean of (audit - original) over the pairs, in the kind's units; null without a pair.
-    bias: float | None = None
-    marginals: Marginals | None = None
-
-
-class AuditEffect(_Open):
-    turns: int
-    w1: float
-    rmse: float
-    fused_w1: float
-    fused_rmse: float
-    process_sign_agreement: float
-    fused_sign_agreement: float
-    outcome_rmse: float | None = None
-
-
-class AuditDocument(AuditSummary):
-    agreement: dict[str, KindAgreement]
-    #: Null for an audit against people's labels (no second set of advantages).
-    effect: AuditEffect | None
-    usage: dict[str, Any]
-    #: An audit against people's labels: each labeler's count of labels, and the
-    #: agreement of each pair of labelers (the first by name order as the original).
-    labelers: dict[str, Any] | None = None
-
-
-class AuditList(_Open):
-    audits: list[AuditSummary]
-
-
 # ---------------------------------------------------------------------- tenants
 
 
-class BudgetWait(_Open):
+class BudgetWait(Open):
     """A group accepted past its tenant's budget (``on_budget: wait``): sent at the reset."""
 
     budget: str
     resets_at: str
-
-
-class BudgetLeft(_Open):
-    """One budget in its current window (UTC day or month)."""
-
-    limit: float
-    used: float
-    left: float
-    used_ratio: float
-    resets_at: str
-
-
-class TenantUsageDocument(_Open):
-    """``GET /v1/usage``: a tenant's judge usage, its share of the fleet, its budgets."""
-
-    tenant: str
-    day: Usage
-    month: Usage
-    #: Its share of the judge calls the fleet served over the last minute (null: no fleet).
-    share_last_minute: float | None
-    budgets: dict[str, BudgetLeft]
-
-
-class TenantUsageList(_Open):
-    tenants: list[TenantUsageDocument]
-
-
-class BudgetExhaustedError(_Open):
-    code: str
-    budget: str
-    limit: float
-    used: float
-    resets_at: str
-
-
-class BudgetExhaustedBody(_Open):
-    """A 429: new work past a budget of the tenant (``on_budget: refuse``)."""
-
-    message: str
-    error: BudgetExhaustedError

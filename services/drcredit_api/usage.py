@@ -15,7 +15,7 @@ from drcredit.storage import models as m
 from drcredit.tenancy import budgets
 from drcredit.tenancy.policy import policy_of
 from drcredit.wiring.runtime import Runtime
-from drcredit_api import schemas
+from drcredit_api import usage_schemas
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import RuntimeDep, Tenant, answers, read_db
 
@@ -70,7 +70,7 @@ def known_tenants(rt: Runtime, request: Request, s: Any) -> list[str]:
     return sorted(named)
 
 
-@router.get("/v1/usage", response_model=schemas.TenantUsageDocument, responses=answers(403, 404))
+@router.get("/v1/usage", response_model=usage_schemas.TenantUsageDocument, responses=answers(403, 404))
 async def get_usage(
     request: Request,
     tenant: Tenant,
@@ -88,7 +88,7 @@ async def get_usage(
     return await read_db(rt, lambda s: tenant_document(rt, s, target, shares))
 
 
-@router.get("/v1/usage/tenants", response_model=schemas.TenantUsageList, responses=answers(403))
+@router.get("/v1/usage/tenants", response_model=usage_schemas.TenantUsageList, responses=answers(403))
 async def get_all_usage(request: Request, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Every tenant's usage (the operator's key only)."""
     if not is_operator(rt, request, tenant):
