@@ -145,7 +145,7 @@ async def post_group(group: GroupIn, tenant: Tenant, rt: RuntimeDep) -> dict[str
     """Submit one rollout group (or open a streaming group with ``expected_rollouts``)."""
     hold = await budget_hold(rt, tenant, (m.Group, "group_id", group.group_id) if group.group_id else None)
     sub = await run_in_threadpool(functools.partial(rt.pipeline.submit_group, tenant, group, hold=hold))
-    return {"group_id": sub.group_id, "status": sub.status, "created": sub.created, "links": _links(sub.group_id)}
+    return {"group_id": sub.group_id, "status": sub.shown_status, "created": sub.created, "links": _links(sub.group_id)}
 
 
 @router.post(

@@ -129,9 +129,13 @@ def test_wait_holds_new_groups_until_the_window_resets(database_url: str) -> Non
     ):
         held: dict[str, Any] | None = None
         for i in range(4):  # a window may reset between two posts: then that group runs
-            assert c.post("/v1/groups", json=hand_worked_group(group_id=f"w{i}"), headers=W).status_code == 202
+            posted = c.post("/v1/groups", json=hand_worked_group(group_id=f"w{i}"), headers=W)
+            assert posted.status_code == 202
             status = c.get(f"/v1/groups/w{i}", headers=W).json()
             if status["status"] == "waiting_for_budget":
+                assert posted.json()["status"] == "waiting_for_budget"  # the POST says so too
+                again = c.post("/v1/groups", json=hand_worked_group(group_id=f"w{i}"), headers=W)
+                assert again.json()["status"] == "waiting_for_budget" and again.json()["created"] is False
                 held = status
                 break
             done(c, W, f"w{i}")

@@ -64,6 +64,12 @@ class Submitted:
     #: Held for its tenant's budget: its work is sent when the budget resets.
     held: bool = False
 
+    @property
+    def shown_status(self) -> str:
+        """The status a client is told: a held group still queued is ``waiting_for_budget``,
+        as ``GET /v1/groups/{id}`` says."""
+        return "waiting_for_budget" if self.held and self.status == "queued" else self.status
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -236,11 +242,11 @@ class Ingest:
             message = f"batch_id {batch_id!r} already exists with different content"
             raise Conflict(message, [("batch_id", message)])
         rows = s.execute(
-            select(m.Group.id, m.Group.group_id, m.Group.status).where(
+            select(m.Group.id, m.Group.group_id, m.Group.status, m.Group.held_until).where(
                 m.Group.tenant == tenant, m.Group.group_id.in_(existing.group_ids)
             )
         ).all()
-        by_id = {gid: Submitted(pk, gid, st, False) for pk, gid, st in rows}
+        by_id = {gid: Submitted(pk, gid, st, False, held=until is not None) for pk, gid, st, until in rows}
         return [by_id[g] for g in existing.group_ids]
 
     def _store_group(
@@ -266,7 +272,9 @@ class Ingest:
                         f"group_id {group.group_id!r} already exists with different content",
                         group_differences(s, existing, group, dumped),
                     )
-                return Submitted(existing.id, existing.group_id, existing.status, False)
+                return Submitted(
+                    existing.id, existing.group_id, existing.status, False, held=existing.held_until is not None
+                )
         group_id = group.group_id or uuid.uuid4().hex
         run, step = run_and_step(group.metadata)
         row = m.Group(
