@@ -24,7 +24,8 @@ def test_rubric_prompt_is_static_first_and_marks_the_report_as_data() -> None:
     body = server.calls[0].request
     assert body["messages"][0]["content"] == RUBRIC_SYSTEM and "DATA" in RUBRIC_SYSTEM
     document = json.loads(body["messages"][1]["content"])
-    assert list(document) == ["question", "rubric_item", "report", "answer_format"]
+    # The default layout puts the report, which all of its rubric calls share, before the rubric.
+    assert list(document) == ["question", "report", "rubric_item", "answer_format"]
     assert document["rubric_item"] == {"id": "R1", "type": "factual", "description": "States the opening year"}
     assert body["response_format"]["json_schema"]["schema"]["properties"]["score"]["enum"] == [0, 1, 2, 3, 4]
 
