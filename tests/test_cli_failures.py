@@ -110,6 +110,31 @@ def test_configuration_mistakes_are_one_line(
     one_error_line(run(tmp_path, *args, env=env), 2, *needles)
 
 
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"DRCREDIT_JUDGE_REUSE": "bogus"},
+            "DRCREDIT_JUDGE_REUSE: unknown value 'bogus' (allowed: tenant, group, off)",
+        ),
+        ({"DRCREDIT_JUDGE_PROMPT_LAYOUT": "bogus"}, "DRCREDIT_JUDGE_PROMPT_LAYOUT: unknown value 'bogus'"),
+        (
+            {"DRCREDIT_TENANTS": '{"a": {"on_budget": "x"}}', "DRCREDIT_API_KEYS": "a:k1"},
+            "DRCREDIT_TENANTS.a.on_budget: Input should be 'refuse' or 'wait'",
+        ),
+        (  # a check across settings: its message names the setting itself
+            {"DRCREDIT_TENANTS": '{"nobody": {}}', "DRCREDIT_API_KEYS": "a:k1"},
+            "DRCREDIT_TENANTS.nobody: no key of DRCREDIT_API_KEYS belongs to this tenant",
+        ),
+    ],
+)
+def test_a_configuration_mistake_names_its_setting_once(tmp_path: Path, env: dict[str, str], expected: str) -> None:
+    line = one_error_line(run(tmp_path, "serve", env=env), 2, f"error: invalid configuration: {expected}")
+    setting = expected.split(":")[0].split(".")[0]
+    assert line.count(setting + ":") + line.count(setting + ".") == 1, line
+    assert "Value error" not in line and "DRCREDIT_:" not in line, line
+
+
 def test_a_worker_on_a_schema_behind_exits_naming_the_upgrade(tmp_path: Path) -> None:
     with postgres_database() as url:
         env = {

@@ -70,13 +70,23 @@ def _fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
     raise typer.Exit(code=code)
 
 
+def _setting_problem(error: Any) -> str:
+    """One validation error as ``DRCREDIT_NAME: what is wrong``: the setting named once
+    (a validator's message usually names it already), without pydantic's "Value error, "."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    loc = "_".join(str(p) for p in error["loc"]).upper()
+    name = f"DRCREDIT_{loc}" if loc else ""
+    if not name or message.startswith(name):  # a model-level check names its own setting
+        return message
+    return f"{name}: {message}"
+
+
 def _settings(**overrides: Any) -> Settings:
     """The environment's settings, or one line per mistake in it."""
     try:
         settings = Settings()
     except ValidationError as exc:
-        problems = [f"DRCREDIT_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()]
-        _fail("invalid configuration: " + "; ".join(problems))
+        _fail("invalid configuration: " + "; ".join(_setting_problem(e) for e in exc.errors()))
     except SettingsError as exc:  # a JSON setting (DRCREDIT_AUDIT_JUDGES, ...) that is not JSON
         field = re.search(r'field "(\w+)"', str(exc))
         name = f"DRCREDIT_{field.group(1).upper()}" if field else "a DRCREDIT_* setting"
