@@ -10,16 +10,25 @@ from fastapi import APIRouter, Query, Response
 
 from drcredit.audit.labels import queue as label_queue
 from drcredit.audit.labels import store
-from drcredit.audit.labels.schemas import LabelImport, LabelIn
+from drcredit.audit.labels.schemas import LABELER_PATTERN, LabelImport, LabelIn
 from drcredit.audit.schemas import AuditScope
 from drcredit.domain.errors import FieldError, InvalidInput
+from drcredit.domain.text import Text
 from drcredit_api.endpoints import INGEST, READ, RESULT, RuntimeDep, Tenant, read_db
 from drcredit_api.schemas import Open
 
 router = APIRouter(tags=["labels"])
 
+#: Query text is checked like every stored text (no NUL, no lone surrogate): refused
+#: with a 422 naming the parameter instead of failing in the database.
 Labeler = Annotated[
-    str, Query(min_length=1, max_length=128, description="Who labels (the queue leaves out what they labeled)")
+    Text,
+    Query(
+        min_length=1,
+        max_length=128,
+        pattern=LABELER_PATTERN,
+        description="Who labels (the queue leaves out what they labeled)",
+    ),
 ]
 
 
@@ -71,11 +80,11 @@ async def label_queue_of(
     tenant: Tenant,
     rt: RuntimeDep,
     labeler: Labeler,
-    run: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
-    batch_id: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
-    group_ids: Annotated[list[str] | None, Query(description="Group ids (repeated, or separated by commas)")] = None,
+    run: Annotated[Text | None, Query(min_length=1, max_length=128)] = None,
+    batch_id: Annotated[Text | None, Query(min_length=1, max_length=128)] = None,
+    group_ids: Annotated[list[Text] | None, Query(description="Group ids (repeated, or separated by commas)")] = None,
     kind: Annotated[
-        str | None, Query(description="visit | snippet | report_rubric | citation (several: commas; all: leave out)")
+        Text | None, Query(description="visit | snippet | report_rubric | citation (several: commas; all: leave out)")
     ] = None,
     n: Annotated[int, Query(ge=1, le=500)] = 20,
     seed: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
@@ -111,8 +120,8 @@ async def import_labels(body: LabelImport, tenant: Tenant, rt: RuntimeDep) -> di
 async def list_labels(
     tenant: Tenant,
     rt: RuntimeDep,
-    group_id: Annotated[list[str] | None, Query(description="Only these groups' labels (repeated)")] = None,
-    labeler: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    group_id: Annotated[list[Text] | None, Query(description="Only these groups' labels (repeated)")] = None,
+    labeler: Annotated[Text | None, Query(min_length=1, max_length=128, pattern=LABELER_PATTERN)] = None,
 ) -> dict[str, Any]:
     """The tenant's labels, by group and key."""
     return {"labels": await read_db(rt, lambda s: store.list_labels(s, tenant, group_id, labeler))}

@@ -9,6 +9,8 @@ marginals, left-out keys, and the labelers compared with each other.
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -193,6 +195,27 @@ def test_another_tenants_items_and_labels_are_unknown(client: TestClient, scored
     assert client.delete(f"/v1/labels/{item['item_id']}", params={"labeler": "ann"}, headers=T2).status_code == 404
     r = client.post("/v1/labels", json={"item_id": "itm-garbage", "value": 1, "labeler": "ann"})
     assert r.status_code == 422 and r.json()["detail"][0]["field"] == "item_id"
+
+
+def test_text_that_cannot_be_stored_is_refused_naming_the_field(client: TestClient) -> None:
+    # A NUL cannot be stored in (nor looked up in) a Postgres text column: a 422 naming
+    # the field, never a 500 from the database.
+    def refused(r: Any, field: str) -> None:
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["field"].startswith(field), r.text
+        assert "NUL" in r.text, r.text
+
+    refused(client.get("/v1/labels", params={"group_id": "\x00"}), "query.group_id")
+    refused(client.get("/v1/labels", params={"labeler": "a\x00"}), "query.labeler")
+    for name in ("run", "batch_id", "group_ids", "kind"):
+        refused(client.get("/v1/labels/queue", params={name: "x\x00", "labeler": "ann"}), f"query.{name}")
+    refused(client.get("/v1/labels/queue", params={"run": "exp", "labeler": "\x00"}), "query.labeler")
+    refused(client.delete("/v1/labels/itm-x", params={"labeler": "a\x00"}), "query.labeler")
+    nul_item = "itm-" + base64.urlsafe_b64encode(json.dumps(["g\x00", "visit", "a", 0, "R1"]).encode()).decode()
+    refused(client.delete(f"/v1/labels/{nul_item}", params={"labeler": "ann"}), "item_id")
+    refused(client.post("/v1/labels", json={"item_id": nul_item, "value": 1, "labeler": "ann"}), "item_id")
+    body = {"group_id": "g\x00", "kind": "visit", "key": key("a", "R1"), "value": 1, "labeler": "ann"}
+    refused(client.post("/v1/labels", json=body), "group_id")
 
 
 def test_an_import_with_one_bad_label_stores_nothing(client: TestClient, scored: dict[str, Any]) -> None:

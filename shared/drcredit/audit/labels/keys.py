@@ -19,6 +19,7 @@ from typing import Any
 from drcredit.audit.report import KINDS
 from drcredit.domain.errors import FieldError, InvalidInput
 from drcredit.domain.outcome import JOINT
+from drcredit.domain.text import text_problem
 
 #: (kind, rollout id, turn index or -1, rubric id or claim index)
 Key = tuple[str, str, int, str]
@@ -115,6 +116,11 @@ def parse_item_id(raw: Any, field: str = "item_id") -> tuple[str, Key]:
         or parts[1] not in KINDS
     ):
         raise bad
+    # The parts are looked up in the database: a NUL there would fail on Postgres.
+    for part in (parts[0], parts[2], parts[4]):
+        problem = text_problem(part)
+        if problem is not None:
+            raise InvalidInput([FieldError(field, f"a part of the item id {problem}")])
     return parts[0], (parts[1], parts[2], parts[3], parts[4])
 
 

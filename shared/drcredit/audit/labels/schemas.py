@@ -6,8 +6,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from drcredit.domain.text import Text
+
 #: A labeler's name: what the queue, the audit and the documents call that person.
-LABELER = Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")
+LABELER_PATTERN = r"^[^\x00-\x1f]+$"
+LABELER = Field(min_length=1, max_length=128, pattern=LABELER_PATTERN)
 
 
 class LabelIn(BaseModel):
@@ -17,8 +20,8 @@ class LabelIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    item_id: str | None = Field(None, max_length=2048)
-    group_id: str | None = Field(None, min_length=1, max_length=128)
+    item_id: Text | None = Field(None, max_length=2048)
+    group_id: Text | None = Field(None, min_length=1, max_length=128)
     kind: str | None = Field(None, description="visit | snippet | report_rubric | citation")
     key: dict[str, Any] | None = Field(
         None,
