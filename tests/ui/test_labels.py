@@ -222,3 +222,29 @@ def test_twenty_labels_in_a_row_by_keyboard_blind_with_skip_and_undo(service: Se
         shot(q, "labels-audit")
     finally:
         q.context.close()
+
+
+def test_a_link_with_a_run_fills_the_form_and_warns_only_when_starting_incomplete(
+    service: Service, browser: Browser
+) -> None:
+    p = keyboard_page(browser)
+    try:
+        # A link naming a run: the form shows it, the name field waits, and nothing warns.
+        p.goto(service.url + "/ui/labels?run=demo")
+        ready(p)
+        expect(p.locator("#scope-run")).to_have_value("demo")
+        expect(p.locator("#labeler")).to_be_focused()
+        expect(p.locator("#problem")).to_be_hidden()
+        # Starting with a name but two scopes: the page stays and says what it needs.
+        p.keyboard.type("ann")
+        p.fill("#scope-batch", "b1")
+        p.keyboard.press("Enter")
+        expect(p.locator("#problem")).to_have_text("Name yourself and give exactly one of a run, a batch or groups.")
+        assert "labeler=ann" not in p.url
+        # With one scope it starts (the URL carries the form).
+        p.fill("#scope-batch", "")
+        p.focus("#labeler")
+        p.keyboard.press("Enter")
+        p.wait_for_url("**/ui/labels?labeler=ann&run=demo**")
+    finally:
+        p.context.close()

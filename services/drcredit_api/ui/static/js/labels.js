@@ -235,16 +235,29 @@
     return p;
   }
 
+  const INCOMPLETE = "Name yourself and give exactly one of a run, a batch or groups.";
+
+  function scopesOf(p) { return ["run", "batch_id", "group_ids"].filter((name) => p[name]); }
+
+  /* The setup form warns only when the user tries to start without a name or with other
+     than one scope; a link that fills in part of it (a run) only fills the form. */
+  function guardSetup() {
+    const form = document.getElementById("label-setup");
+    form.addEventListener("submit", (ev) => {
+      const p = {};
+      for (const [name, value] of new FormData(form)) if (String(value).trim()) p[name] = String(value).trim();
+      if (p.labeler && scopesOf(p).length === 1) return;
+      ev.preventDefault();
+      D.showProblem(new D.Problem(INCOMPLETE));
+    });
+  }
+
   async function labelsPage() {
     D.glossary(["label_progress", "label_position", "label_skipped", "label_value", "label_judge"]);
+    guardSetup();
     const p = readParams();
-    const scopes = ["run", "batch_id", "group_ids"].filter((name) => p[name]);
-    if (!p.labeler || scopes.length !== 1) {
-      if (p.labeler || scopes.length) {
-        hint("");
-        throw new D.Problem("Name yourself and give exactly one of a run, a batch or groups.");
-      }
-      document.getElementById("labeler").focus();
+    if (!p.labeler || scopesOf(p).length !== 1) {
+      document.getElementById(p.labeler ? "scope-run" : "labeler").focus();
       return;
     }
     state.params = p;
