@@ -26,6 +26,15 @@ from drcredit.tenancy.budgets import BudgetExhausted
 log = logging.getLogger("drcredit.api")
 
 
+class Forbidden(StarletteHTTPException):
+    """A 403 whose ``detail`` names what was refused (a parameter such as ``tenant``, or
+    ``authorization`` when the key itself may not ask)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(403, message)
+        self.field = field
+
+
 def error_response(
     code: int,
     message: str,
@@ -148,7 +157,9 @@ def install_handlers(app: FastAPI) -> None:
         allowed = (exc.headers or {}).get("Allow")
         if exc.status_code == 405 and allowed:
             message = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
-        field = {401: "authorization", 404: "path", 405: "method"}.get(exc.status_code, "")
+        field = getattr(exc, "field", None) or {401: "authorization", 404: "path", 405: "method"}.get(
+            exc.status_code, ""
+        )
         return error_response(exc.status_code, message, [(field, message)], headers=exc.headers)
 
     @app.exception_handler(Exception)

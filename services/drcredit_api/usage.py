@@ -7,7 +7,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 
@@ -18,6 +18,7 @@ from drcredit.wiring.runtime import Runtime
 from drcredit_api import usage_schemas
 from drcredit_api.auth import OPEN_TENANT
 from drcredit_api.endpoints import RuntimeDep, Tenant, answers, read_db
+from drcredit_api.errors import Forbidden
 
 router = APIRouter(tags=["usage"])
 log = logging.getLogger("drcredit.api")
@@ -70,7 +71,7 @@ def known_tenants(rt: Runtime, request: Request, s: Any) -> list[str]:
     return sorted(named)
 
 
-@router.get("/v1/usage", response_model=usage_schemas.TenantUsageDocument, responses=answers(403, 404))
+@router.get("/v1/usage", response_model=usage_schemas.OwnUsageDocument, responses=answers(403, 404))
 async def get_usage(
     request: Request,
     tenant: Tenant,
@@ -78,21 +79,24 @@ async def get_usage(
     of: Annotated[str | None, Query(alias="tenant", description="Another tenant (operator keys only)")] = None,
 ) -> dict[str, Any]:
     """The key's tenant's judge usage today and this month (UTC), its share of the fleet's
-    calls over the last minute, and each budget with what is left."""
+    calls over the last minute, and each budget with what is left; ``operator`` says
+    whether the key may read every tenant's (so the viewer asks only then)."""
     target = tenant
+    operator = is_operator(rt, request, tenant)
     if of is not None and of != tenant:
-        if not is_operator(rt, request, tenant):
-            raise HTTPException(403, "only the operator's key reads another tenant's usage")
+        if not operator:
+            raise Forbidden("tenant", "only the operator's key reads another tenant's usage")
         target = of
     shares = await run_in_threadpool(share_last_minute, rt)
-    return await read_db(rt, lambda s: tenant_document(rt, s, target, shares))
+    document = await read_db(rt, lambda s: tenant_document(rt, s, target, shares))
+    return {**document, "operator": operator}
 
 
 @router.get("/v1/usage/tenants", response_model=usage_schemas.TenantUsageList, responses=answers(403))
 async def get_all_usage(request: Request, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
     """Every tenant's usage (the operator's key only)."""
     if not is_operator(rt, request, tenant):
-        raise HTTPException(403, "only the operator's key reads every tenant's usage")
+        raise Forbidden("authorization", "only the operator's key reads every tenant's usage")
     shares = await run_in_threadpool(share_last_minute, rt)
 
     def read(s: Any) -> dict[str, Any]:

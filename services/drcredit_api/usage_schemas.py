@@ -26,6 +26,13 @@ class TenantUsageDocument(Open):
     budgets: dict[str, BudgetLeft]
 
 
+class OwnUsageDocument(TenantUsageDocument):
+    """``GET /v1/usage``'s answer: the tenant's usage, and whether the asking key is the
+    operator's (it may read every tenant's, ``GET /v1/usage/tenants``)."""
+
+    operator: bool
+
+
 class TenantUsageList(Open):
     tenants: list[TenantUsageDocument]
 

@@ -112,8 +112,12 @@ def test_refuse_past_a_budget_after_admitted_work_finishes(database_url: str) ->
         assert tenant_metric(c, "drcredit_tenant_judge_tokens_total", "a") - tokens_before == calls * 110
 
         # Another tenant's usage: the operator's key only.
-        assert c.get("/v1/usage", params={"tenant": "a"}, headers=B).status_code == 403
-        assert c.get("/v1/usage/tenants", headers=B).status_code == 403
+        refused = c.get("/v1/usage", params={"tenant": "a"}, headers=B)
+        assert refused.status_code == 403 and refused.json()["detail"][0]["field"] == "tenant"
+        refused = c.get("/v1/usage/tenants", headers=B)
+        assert refused.status_code == 403 and refused.json()["detail"][0]["field"] == "authorization"
+        assert c.get("/v1/usage", headers=B).json()["operator"] is False
+        assert c.get("/v1/usage", headers=OPS).json()["operator"] is True
         assert c.get("/v1/usage", params={"tenant": "a"}, headers=OPS).json()["day"]["calls"] == calls
         listed = {t["tenant"]: t for t in c.get("/v1/usage/tenants", headers=OPS).json()["tenants"]}
         assert set(listed) == {"a", "b", "ops", "w"}

@@ -51,8 +51,13 @@ def value(page: Page, selector: str) -> float:
 
 def test_a_tenant_sees_its_own_usage_and_budgets(tenants_service: Service, page: Page) -> None:
     use_key(page, tenants_service.url, KEYS["alpha"])
+    answered: list[tuple[int, str]] = []
+    page.on("response", lambda r: answered.append((r.status, r.url)))
     page.goto(tenants_service.url + "/ui/usage")
     ready(page)
+    assert any(url.endswith("/v1/usage") for _, url in answered), answered  # the listener saw the page's calls
+    # It asks only what its key may read: no refused request (a 403 in the browser's console).
+    assert [(status, url) for status, url in answered if status == 403 or "/v1/usage/tenants" in url] == []
     doc = usage(tenants_service, KEYS["alpha"])
     assert page.inner_text("#tenant-name") == "alpha"
     for window in ("day", "month"):

@@ -70,8 +70,9 @@
   }
 
   async function usagePage() {
-    ownUsage(await D.load("/v1/usage"));
-    const operator = await operatorUsage();
+    const own = await D.load("/v1/usage");
+    ownUsage(own);
+    const operator = own.operator ? await operatorUsage() : false;  // no request a tenant's key is refused
     const terms = ["judge_requests", "prompt_tokens", "completion_tokens", "cost", "fleet_share",
       "budget_used", "budget_limit", "budget_left", "budget_resets"];
     D.glossary(operator ? terms.concat(["tokens_today"]) : terms);
