@@ -110,6 +110,7 @@ def test_start_waits_and_prints_the_report_as_tables(served: Served) -> None:
     assert marginal_rows(out, "visit") == (["33.3%", "33.3%", "33.3%"], ["audit", "33.3%", "66.7%", "0.0%"])
     assert "Confusion matrices (rows: the original judge; columns: the audit judge)" in out
     matrix = out.split("\nvisit level (0-2)\n")[1].split("visit level, first visits")[0]
+    assert "original \\ audit" in matrix and "original \\ people" not in out
     assert [cells(matrix, str(i)) for i in range(3)] == [["2", "0", "0"], ["0", "2", "0"], ["0", "2", "0"]]
     effect = doc["effect"]
     assert f"over {effect['turns']} non-final turns" in out and effect["turns"] == 3

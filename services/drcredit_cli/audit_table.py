@@ -127,8 +127,9 @@ def labelers_table(labelers: dict[str, Any]) -> Table:
     return table
 
 
-def confusion_tables(agreement: dict[str, Any]) -> list[tuple[str, Table]]:
-    """(title, table) per kind with pairs: rows the original judge's value, columns the audit judge's."""
+def confusion_tables(agreement: dict[str, Any], audit_side: str = "audit") -> list[tuple[str, Table]]:
+    """(title, table) per kind with pairs: rows the original judge's value, columns the
+    audit side's (the audit judge's, or people's: ``audit_side`` names it in the header)."""
     out = []
     for kind, label in KINDS:
         a = agreement.get(kind)
@@ -140,7 +141,7 @@ def confusion_tables(agreement: dict[str, Any]) -> list[tuple[str, Table]]:
                 continue
             matrix = figures["confusion"]
             table = _table()
-            table.add_column("original \\ audit", justify="right")
+            table.add_column(f"original \\ {audit_side}", justify="right")
             for j in range(len(matrix)):
                 table.add_column(str(j), justify="right", no_wrap=True)
             for i, row in enumerate(matrix):
@@ -183,12 +184,13 @@ def print_audit(doc: dict[str, Any], out: Console | None = None) -> None:
         highlight=False,
     )
     out.print(agreement_table(doc["agreement"]))
-    marginals = marginals_table(doc["agreement"], "people" if human else "audit")
+    side = "people" if human else "audit"
+    marginals = marginals_table(doc["agreement"], side)
     if marginals is not None:
         out.print()
         out.print("[bold]Marginals[/] (each side's share of its pairs per value)", highlight=False)
         out.print(marginals)
-    matrices = confusion_tables(doc["agreement"])
+    matrices = confusion_tables(doc["agreement"], side)
     if matrices:
         out.print()
         out.print(f"[bold]Confusion matrices[/] (rows: the original judge; columns: {other})", highlight=False)
