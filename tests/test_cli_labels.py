@@ -61,20 +61,23 @@ def line(rollout_id: str, rubric_id: str, value: Any, labeler: str | None = "ann
 
 
 def test_an_import_with_a_bad_line_stores_nothing_and_names_the_line(served: Served, tmp_path: Path) -> None:
+    # The served database is the module's: another test may have stored labels already
+    # (in any order), so "nothing stored" is "the labels, with their times, unchanged".
+    before = served.labels()
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join([line("a", "R1", 1), "", line("b", "R1", 7), line("zz", "R1", 1)]) + "\n")
     result = served.cli("labels", "import", str(bad))
     one_error_line(
         result, 2, "line 3: value: a visit label is a whole number 0..2, got 7", "line 4: key:", "nothing was stored"
     )
-    assert served.labels() == []
+    assert served.labels() == before
     broken = tmp_path / "broken.jsonl"
     broken.write_text(line("a", "R1", 1) + "\n{not json\n")
     one_error_line(served.cli("labels", "import", str(broken)), 2, "line 2: not JSON")
     extra = tmp_path / "extra.jsonl"
     extra.write_text(line("a", "R1", 1)[:-1] + ', "confidence": 0.9}\n')
     one_error_line(served.cli("labels", "import", str(extra)), 2, "line 1: confidence: unknown field")
-    assert served.labels() == []
+    assert served.labels() == before
 
 
 def test_export_then_import_round_trips_and_an_audit_against_the_labels_prints_tables(
@@ -121,6 +124,8 @@ def test_export_then_import_round_trips_and_an_audit_against_the_labels_prints_t
     assert cells(out, "visit level (0-2)") == ["3", "0", "33.3%", f"{kappa:.3f}", "-0.667"]
     assert marginal_rows(out, "visit") == (["0.0%", "66.7%", "33.3%"], ["people", "33.3%", "66.7%", "0.0%"])
     assert "labels by: ann 3, ben 2" in out
+    # The confusion matrix's columns are people, as its heading says.
+    assert "columns: people)" in out and "original \\ people" in out and "original \\ audit" not in out
     # ann against ben on a-R1 (1, 2) and b-R1 (1, 0): exact 0, bias 0.
     assert cells(out, "ann / ben") == ["visit", "level", "(0-2)", "2", "0.0%", "0.000", "+0.000"]
     assert "no effect on the advantages" in out
