@@ -13,6 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from drcredit.audit import service
 from drcredit.audit.schemas import AuditRequest
+from drcredit.domain.text import Text
 from drcredit.scoring.errors import NotReady
 from drcredit_api import audit_schemas
 from drcredit_api.endpoints import INGEST, READ, RESULT, RuntimeDep, Tenant, Wait, answers, read_db
@@ -33,7 +34,7 @@ async def post_audit(request: AuditRequest, tenant: Tenant, rt: RuntimeDep) -> d
 async def list_audits(
     tenant: Tenant,
     rt: RuntimeDep,
-    run: Annotated[str | None, Query(max_length=128, description="Only audits over this run's groups")] = None,
+    run: Annotated[Text | None, Query(max_length=128, description="Only audits over this run's groups")] = None,
 ) -> dict[str, Any]:
     """The tenant's audits, newest first, with each done one's headline figures."""
     return {"audits": await read_db(rt, lambda s: service.listing(s, tenant, run))}

@@ -254,3 +254,12 @@ def test_every_kind_is_compared_on_a_group_whose_outcome_the_service_judges(data
         assert agreement["kappa"] in (1.0, None)
     assert report["effect"]["outcome_rmse"] == 0.0 and report["effect"]["w1"] == 0.0
     assert report["usage"]["calls"] > 0
+
+
+def test_a_nul_in_an_audits_run_or_batch_is_refused_naming_the_field(client: TestClient) -> None:
+    for scope in ({"run": "a\x00b"}, {"batch_id": "\x00"}):
+        r = client.post("/v1/audits", json={"judge": "same", "scope": scope})
+        assert r.status_code == 422, r.text
+        assert [d["field"] for d in r.json()["detail"]] == [f"scope.{next(iter(scope))}"]
+    r = client.get("/v1/audits", params={"run": "a\x00b"})
+    assert r.status_code == 422 and [d["field"] for d in r.json()["detail"]] == ["query.run"], r.text

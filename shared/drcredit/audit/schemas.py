@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from drcredit.domain.group import GroupId
+from drcredit.domain.text import Text
 
 
 class AuditScope(BaseModel):
@@ -12,8 +13,8 @@ class AuditScope(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run: str | None = Field(None, min_length=1, max_length=128)
-    batch_id: str | None = Field(None, min_length=1, max_length=128)
+    run: Text | None = Field(None, min_length=1, max_length=128)
+    batch_id: Text | None = Field(None, min_length=1, max_length=128)
     group_ids: list[GroupId] | None = Field(None, min_length=1, max_length=10_000)
 
     @model_validator(mode="after")
