@@ -204,7 +204,8 @@ def start_worker(stack: Stack, env: dict[str, str], queues: str, concurrency: in
 
 
 def plain_env(judge: str, database_url: str, broker: str | None) -> dict[str, str]:
-    """Only what the README's set-up asks for: database, broker (distributed), judge."""
+    """What the README's set-up asks for (database, broker when distributed, judge), and
+    answers reused only within a group."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DRCREDIT_")}
     env.update(
         {
@@ -216,6 +217,11 @@ def plain_env(judge: str, database_url: str, broker: str | None) -> dict[str, st
     )
     if broker:
         env["DRCREDIT_BROKER_URL"] = broker
+    # A repeated step posts the same content under new group ids, which the default reuse
+    # (``tenant``) would answer from the store without the judge: a benchmark of judging
+    # keeps answers within a group, as a step of new rollouts would meet them.
+    # (bench.prefix_reuse measures the store itself and sets ``tenant``.)
+    env["DRCREDIT_JUDGE_REUSE"] = "group"
     return env
 
 

@@ -11,6 +11,8 @@ characters (256 by default), and tokens are characters // 4, as the simulator co
 Prefill costs ``prefill_s_per_token`` seconds per uncached token, and one replica
 prefills one request at a time (its compute is shared: concurrent prefills queue), so an
 uncached page sent eight times costs eight times the time, and a cached one nearly none.
+A request looks the cache up when its prefill starts, so a prefix counts as cached only
+after some request has prefilled it.
 
     python -m bench.judge_sim --prefix-cache-blocks 32768 --prefill-us-per-token 20
 """
@@ -73,14 +75,21 @@ class PrefixCache:
         return cached_blocks * self.block_chars
 
     async def prefill(self, messages: list[dict[str, Any]], prompt_tokens: int) -> int:
-        """Serve a request's prompt: its cached tokens, after the prefill of the rest (queued
-        behind the replica's other prefills)."""
-        cached = min(prompt_tokens, self.admit(prompt_text(messages)) // CHARS_PER_TOKEN)
-        uncached = prompt_tokens - cached
-        self.stats["cached_prompt_tokens"] += cached
-        self.stats["prefilled_tokens"] += uncached
-        if self.prefill_s_per_token > 0 and uncached > 0:
-            async with self._lane:
+        """Serve a request's prompt: its cached tokens, after the prefill of the rest.
+
+        The cache is looked up when the request's turn in the prefill lane comes, not when
+        it arrives: a prefix is there for others only once it has been prefilled. Two calls
+        sharing a page that arrive together thus pay it once only because the second waits
+        for the first's prefill, as a scheduler that prefills one request at a time and
+        then finds the blocks would (SGLang's radix cache); a server that prefills both in
+        one batch (vLLM) computes the shared blocks twice, which this does not model."""
+        text = prompt_text(messages)
+        async with self._lane:
+            cached = min(prompt_tokens, self.admit(text) // CHARS_PER_TOKEN)
+            uncached = prompt_tokens - cached
+            self.stats["cached_prompt_tokens"] += cached
+            self.stats["prefilled_tokens"] += uncached
+            if self.prefill_s_per_token > 0 and uncached > 0:
                 await asyncio.sleep(uncached * self.prefill_s_per_token)
         return cached
 

@@ -59,6 +59,7 @@ def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool
                 env = plain_env(judges[0], db, bench_redis())
                 env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in judges)
                 env["DRCREDIT_JUDGE_PROMPT_LAYOUT"] = layout
+                env["DRCREDIT_JUDGE_REUSE"] = "tenant"  # the default: the repost measures the store
                 api, _ = start_plain(stack, env, args.workers)
                 step: list[dict[str, Any]] = []
                 first: dict[str, Any] = {}

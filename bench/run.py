@@ -178,6 +178,15 @@ def main() -> None:
     parser.add_argument("--tenant-a-groups", type=int, default=128, help="tenants: groups of the big tenant's batch")
     parser.add_argument("--tenant-b-groups", type=int, default=16, help="tenants: groups of the small tenant's step")
     parser.add_argument("--judge-slots", type=int, default=64, help="tenants: the judge's slots (it queues the rest)")
+    parser.add_argument(
+        "--tenant-weight-groups", type=int, default=None, help="tenants: groups of each 3:1 batch (default: A's)"
+    )
+    parser.add_argument(
+        "--tenant-a-alone",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tenants: also time A's batch alone (informative; no target reads it)",
+    )
     parser.add_argument("--tenant-window", type=float, default=60.0, help="tenants: budget window (s) for the test")
     parser.add_argument(
         "--tenant-learn-slots", action="store_true", help="tenants: do not declare the judge's slots (learn them)"

@@ -153,8 +153,9 @@ def one_repeat(api: str, judge: str, db: str, args: argparse.Namespace, k: int) 
     b_alone = Posted(api, "b", step_of("b", args.tenant_b_groups, args.rollouts, 100 + k)).post().wait()
     out["b_alone_s"] = b_alone.wall_s
     out["b_alone_peak_in_flight"] = judge_peak(judge)
-    a_alone = Posted(api, "a", step_of("a", args.tenant_a_groups, args.rollouts, 200 + k)).post().wait()
-    out["a_alone_s"] = a_alone.wall_s
+    if args.tenant_a_alone:
+        a_alone = Posted(api, "a", step_of("a", args.tenant_a_groups, args.rollouts, 200 + k)).post().wait()
+        out["a_alone_s"] = a_alone.wall_s
     # contended: a's batch, b's step 2 s later (new content, the same shapes).
     before = stats([judge])[0]["requests"]
     a = Posted(api, "a", step_of("a", args.tenant_a_groups, args.rollouts, 200 + k)).post()
@@ -176,8 +177,9 @@ def one_repeat(api: str, judge: str, db: str, args: argparse.Namespace, k: int) 
     )
     # weights 3:1: c and d at once.
     since = time.time()
-    c = Posted(api, "c", step_of("c", args.tenant_a_groups, args.rollouts, 300 + k)).post()
-    d = Posted(api, "d", step_of("d", args.tenant_a_groups, args.rollouts, 400 + k)).post()
+    weight_groups = args.tenant_weight_groups or args.tenant_a_groups
+    c = Posted(api, "c", step_of("c", weight_groups, args.rollouts, 300 + k)).post()
+    d = Posted(api, "d", step_of("d", weight_groups, args.rollouts, 400 + k)).post()
     c.wait(), d.wait()
     windows = served_windows(db, ("c", "d"), since)
     shares = [w["share"] for w in windows if w["share"] is not None]
@@ -229,9 +231,6 @@ def section_tenants(args: argparse.Namespace, results: dict[str, Any]) -> None:
                 env["DRCREDIT_API_KEYS"] = ",".join(f"{t}:{key}" for t, key in KEYS.items())
                 env["DRCREDIT_TENANTS"] = tenants_setting()
                 env["DRCREDIT_BUDGET_WINDOW_S"] = str(args.tenant_window)
-                # The same step is scored alone and beside another: answers reused from the
-                # tenant's earlier identical requests would make the second run free.
-                env["DRCREDIT_JUDGE_REUSE"] = "group"
                 api, _ = start_plain(stack, env, args.plain_workers)
                 for k in range(args.repeat):
                     runs.append(one_repeat(api, judge, db, args, k))
