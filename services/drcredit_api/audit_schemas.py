@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from drcredit_api.schemas import Open
+from drcredit_api.schemas import BudgetWait, Open
 
 
 class AuditSummary(Open):
     audit_id: str
+    #: queued | waiting_for_budget | running | done | failed
     status: str
     judge: str
     judge_model: str | None = None
@@ -17,6 +18,8 @@ class AuditSummary(Open):
     seed: int
     group_ids: list[str]
     error: str | None = None
+    #: Set while the audit is held for its tenant's budget (status ``waiting_for_budget``).
+    waiting_for_budget: BudgetWait | None = None
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None

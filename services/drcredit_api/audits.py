@@ -12,10 +12,11 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
 from drcredit.audit import service
-from drcredit.audit.schemas import AuditRequest
+from drcredit.audit.schemas import HUMAN, AuditRequest
 from drcredit.domain.text import Text
 from drcredit.scoring.errors import NotReady
 from drcredit_api import audit_schemas
+from drcredit_api.budget_gate import budget_hold
 from drcredit_api.endpoints import INGEST, READ, RESULT, RuntimeDep, Tenant, Wait, answers, read_db
 
 router = APIRouter(tags=["audits"])
@@ -26,8 +27,11 @@ POLL_S = 0.25
 
 @router.post("/v1/audits", status_code=202, response_model=audit_schemas.AuditSummary, responses=INGEST)
 async def post_audit(request: AuditRequest, tenant: Tenant, rt: RuntimeDep) -> dict[str, Any]:
-    """Re-score a sample of done groups with an audit judge and compare (202: queued)."""
-    return await run_in_threadpool(service.start, rt.db, rt.audits, tenant, request, rt.dispatcher.dispatch_audit)
+    """Re-score a sample of done groups with an audit judge and compare (202: queued, or
+    ``waiting_for_budget`` past a budget with ``on_budget: wait``; 429 with ``refuse``).
+    An audit against people's labels calls no judge: no budget applies."""
+    hold = None if request.judge == HUMAN else await budget_hold(rt, tenant)
+    return await run_in_threadpool(service.start, rt.db, rt.audits, tenant, request, rt.dispatcher.dispatch_audit, hold)
 
 
 @router.get("/v1/audits", response_model=audit_schemas.AuditList, responses=answers())

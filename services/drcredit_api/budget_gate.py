@@ -1,5 +1,5 @@
-"""The budget check the ingest routes run before storing new groups
-(:mod:`drcredit.tenancy.budgets`)."""
+"""The budget check the ingest routes and ``POST /v1/audits`` run before storing new
+work that calls the judge (:mod:`drcredit.tenancy.budgets`)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from drcredit.wiring.runtime import Runtime
 
 
 async def budget_hold(rt: Runtime, tenant: str, existing: tuple[type[Any], str, str] | None = None) -> Hold | None:
-    """The check before new groups are stored: None (go), a hold (``on_budget: wait``),
-    or :class:`~drcredit.tenancy.budgets.BudgetExhausted` (a 429). ``existing``: (model,
-    column, id) of what a re-post would find stored; a re-post is answered as before."""
+    """The check before new groups or judge audits are stored: None (go), a hold
+    (``on_budget: wait``), or :class:`~drcredit.tenancy.budgets.BudgetExhausted` (a 429).
+    ``existing``: (model, column, id) of what a re-post would find stored; a re-post is
+    answered as before."""
     settings = rt.settings
     if not policy_of(settings.tenants, tenant).budget.limits():
         return None

@@ -366,7 +366,7 @@ class SensitivityTable(Open):
 
 
 class BudgetWait(Open):
-    """A group accepted past its tenant's budget (``on_budget: wait``): sent at the reset."""
+    """A group or judge audit accepted past its tenant's budget (``on_budget: wait``): sent at the reset."""
 
     budget: str
     resets_at: str

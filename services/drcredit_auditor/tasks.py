@@ -16,6 +16,8 @@ from drcredit.wiring.worker import current_runtime
 @shared_task(name=RUN_AUDIT, bind=True)
 def run_audit(self: Any, audit_pk: int) -> str:
     runtime = current_runtime()
-    outcome = service.run(runtime.db, runtime.pipeline.engine, runtime.audits, audit_pk)
+    outcome = service.run(
+        runtime.db, runtime.pipeline.engine, runtime.audits, audit_pk, budget_window_s=runtime.settings.budget_window_s
+    )
     metrics.TASKS.labels(AUDITOR, outcome).inc()
     return outcome

@@ -182,3 +182,28 @@ def test_revision_0008_adds_judgment_usage_with_defaults_for_old_rows_and_goes_b
     assert _rows(url, "SELECT prompt_tokens, completion_tokens, model FROM judgments") == [(120, 30, "m")]
     upgrade(url)
     assert schema_differences(url) == []
+
+
+def test_revision_0013_adds_audit_budget_holds_and_goes_back_cleanly(database_url: str) -> None:
+    url = database_url
+    upgrade(url, "0012")
+    held = {"held_until", "held_for"}
+    assert not held & columns(url, "audits")
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO audits (audit_id, tenant, judge, scope, seed, status, group_ids, created_at)"
+                " VALUES ('aud-1', 't', 'j', '{}', 0, 'queued', '[]', CURRENT_TIMESTAMP)"
+            )
+        )
+    engine.dispose()
+    upgrade(url, "0013")
+    assert held <= columns(url, "audits")
+    # An audit stored before is not held.
+    assert _rows(url, "SELECT audit_id, status, held_until, held_for FROM audits") == [("aud-1", "queued", None, None)]
+    downgrade(url, "0012")
+    assert not held & columns(url, "audits")
+    assert _rows(url, "SELECT audit_id, status FROM audits") == [("aud-1", "queued")]
+    upgrade(url)
+    assert schema_differences(url) == []

@@ -2,12 +2,16 @@
 
 Starting one checks the request (a configured judge, a scope this tenant has, done
 groups in it), samples the groups and stores the audit queued; the dispatcher runs it
-where audits run (the ``audit`` queue's workers, or this process in embedded mode).
+where audits run (the ``audit`` queue's workers, or this process in embedded mode). One
+started past its tenant's budget with ``on_budget: wait`` is stored held: it is sent at
+the budget's reset (:mod:`drcredit.tenancy.budgets`), not before.
+
 Running one claims it under a lease (renewed while it runs, so a lost worker's audit is
-run again), re-scores the sampled groups with the audit judge on the process's engine,
-pairs them with the stored originals and stores the audit's groups and its report in one
-transaction. A judge that stays unreachable, or any other error, fails the audit with
-the reason; the training groups are only ever read.
+run again: :mod:`.leases`), re-scores the sampled groups with the audit judge on the
+process's engine, pairs them with the stored originals (:mod:`.pairing`) and stores the
+audit's groups and its report in one transaction, with its judge usage added to the
+tenant's ledger (it counts in the budgets like a group's). A judge that stays unreachable, or any other error, fails the audit
+with the reason; the training groups are only ever read.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import TimeoutError as FutureTimeout
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select, update
@@ -30,37 +34,40 @@ from drcredit.audit.judges import AuditJudges
 from drcredit.audit.labels.compare import human_report
 from drcredit.audit.labels.queue import scoped_groups
 from drcredit.audit.labels.store import group_originals, labels_of
-from drcredit.audit.report import Compared, Side, build_report, with_bias
+from drcredit.audit.leases import LEASE_S, claim, give_back, renew
+from drcredit.audit.pairing import compare, ledger_usage, load_group, usage_json
+from drcredit.audit.report import build_report, with_bias
 from drcredit.audit.rescore import Rescored, rescore
 from drcredit.audit.sampling import groups_in_scope, sample
 from drcredit.audit.schemas import HUMAN, AuditRequest
-from drcredit.domain.advantages import group_advantages
-from drcredit.domain.credit import group_credits
 from drcredit.domain.errors import FieldError, InvalidInput
-from drcredit.domain.group import GroupContent
 from drcredit.scoring.engine import Engine
 from drcredit.scoring.errors import NotFound, NotReady
-from drcredit.scoring.intake.content import outlined_content, params_of
-from drcredit.scoring.results.aggregation import judgments_of
-from drcredit.scoring.results.outcomes import group_breakdowns
+from drcredit.scoring.intake.content import params_of
+from drcredit.scoring.intake.ingest import Hold
+from drcredit.scoring.results.usage import add_tenant_usage
 from drcredit.storage import models as m
-from drcredit.storage import repository as repo
-from drcredit.storage.database import Database
+from drcredit.storage.database import Database, rows_changed
 from drcredit.tenancy.owner import CALL_OWNER, Owner
+from drcredit.tenancy.windows import bucket
 
 log = logging.getLogger("drcredit.audit")
 
-#: How long a running audit's claim holds without renewal (renewed every quarter of it).
-LEASE_S = 60.0
 #: How often a running audit looks whether its process is stopping.
 STOP_POLL_S = 0.2
 
 
 def start(
-    db: Database, judges: AuditJudges, tenant: str, request: AuditRequest, dispatch: Callable[[int], None]
+    db: Database,
+    judges: AuditJudges,
+    tenant: str,
+    request: AuditRequest,
+    dispatch: Callable[[int], None],
+    hold: Hold | None = None,
 ) -> dict[str, Any]:
-    """Check, sample and store a new audit; ``dispatch(audit_pk)`` starts it. An audit
-    against people's labels makes no judge call: it is compared and stored done here."""
+    """Check, sample and store a new audit; ``dispatch(audit_pk)`` starts it, unless
+    ``hold`` (its tenant's budget is used up): then the budget's release sends it. An
+    audit against people's labels makes no judge call: it is compared and stored done here."""
     if request.judge == HUMAN:
         return start_human(db, tenant, request)
     if request.judge not in judges.names:
@@ -81,11 +88,14 @@ def start(
             seed=request.seed,
             status="queued",
             group_ids=chosen,
+            held_until=hold.until if hold else None,
+            held_for=hold.budget if hold else None,
         )
         s.add(audit)
         s.flush()
         audit_pk, doc = audit.id, summary(audit)
-    dispatch(audit_pk)
+    if hold is None:
+        dispatch(audit_pk)
     return doc
 
 
@@ -147,8 +157,13 @@ def find(s: Session, tenant: str, audit_id: str) -> m.Audit:
 def document(row: m.Audit) -> dict[str, Any]:
     """The audit's document: ``409`` (NotReady) with its status until it is done."""
     if row.status != "done":
-        message = f"audit {row.audit_id!r} is {row.status}" + (f": {row.error}" if row.error else "")
-        raise NotReady(row.status, message)
+        status = shown_status(row)
+        message = f"audit {row.audit_id!r} is {status}" + (f": {row.error}" if row.error else "")
+        if status == "waiting_for_budget" and row.held_until is not None:
+            message += (
+                f": its tenant's {row.held_for} is used up; it runs when it resets at {row.held_until.isoformat()}"
+            )
+        raise NotReady(status, message)
     report = dict(row.report or {})
     if "agreement" in report:
         report["agreement"] = with_bias(report["agreement"])
@@ -156,11 +171,17 @@ def document(row: m.Audit) -> dict[str, Any]:
     return {**summary(row), "labelers": None, **report}
 
 
+def shown_status(row: m.Audit) -> str:
+    """The status a client is told: a held audit (stored ``queued``) is ``waiting_for_budget``."""
+    return "waiting_for_budget" if row.status == "queued" and row.held_until is not None else row.status
+
+
 def summary(row: m.Audit) -> dict[str, Any]:
     """What is known of an audit at any status (its listing entry)."""
+    held_until = row.held_until if row.status == "queued" else None
     return {
         "audit_id": row.audit_id,
-        "status": row.status,
+        "status": shown_status(row),
         "judge": row.judge,
         "judge_model": row.judge_model,
         "scope": row.scope,
@@ -168,6 +189,8 @@ def summary(row: m.Audit) -> dict[str, Any]:
         "seed": row.seed,
         "group_ids": list(row.group_ids),
         "error": row.error,
+        # Accepted past its tenant's budget (on_budget: wait): it runs at the reset.
+        "waiting_for_budget": {"budget": row.held_for, "resets_at": _iso(held_until)} if held_until else None,
         "created_at": _iso(row.created_at),
         "started_at": _iso(row.started_at),
         "finished_at": _iso(row.finished_at),
@@ -208,42 +231,37 @@ def _iso(value: datetime | None) -> str | None:
 # ----------------------------------------------------------------------------- running
 
 
-def claim(db: Database, audit_pk: int, owner: str) -> bool:
-    """Take the audit to run it (queued, or running under a lease that ran out)."""
-    now = datetime.now(UTC)
-    with db.session() as s:
-        result = s.execute(
-            update(m.Audit)
-            .where(
-                m.Audit.id == audit_pk,
-                (m.Audit.status == "queued") | ((m.Audit.status == "running") & (m.Audit.lease_expires_at < now)),
-            )
-            .values(
-                status="running",
-                lease_owner=owner,
-                lease_expires_at=now + timedelta(seconds=LEASE_S),
-                started_at=now,
-            )
-        )
-        return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
-def run(db: Database, engine: Engine, judges: AuditJudges, audit_pk: int, stop: threading.Event | None = None) -> str:
+def run(
+    db: Database,
+    engine: Engine,
+    judges: AuditJudges,
+    audit_pk: int,
+    stop: threading.Event | None = None,
+    budget_window_s: float | None = None,
+) -> str:
     """Run a claimed-or-claimable audit to its end; its final status, or ``stopped`` when
     its process stops first (``stop`` set, or the engine closed under it): its claim is
     given back, and the next start (embedded) or sweep (workers) runs it again from the
-    start, rather than it holding the process's shutdown or failing."""
+    start, rather than it holding the process's shutdown or failing.
+
+    Its judge usage is added to the tenant's ledger (at the bucket of its end; test
+    windows: ``budget_window_s``) in the transaction that ends it, so it counts once. A
+    failed audit counts the calls whose results came back; calls cut short by the failure
+    (a judge that stayed unreachable, an error inside the re-scoring) or by a stop are not
+    counted, their results being lost with it."""
     owner = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
     if not claim(db, audit_pk, owner):
         return "taken"
     started = time.monotonic()
+    tenant = ""
+    results: list[Rescored] | None = None
     try:
         with db.session() as s:
             row = s.get(m.Audit, audit_pk)
             assert row is not None
             name, tenant, group_ids = row.judge, row.tenant, list(row.group_ids)
             row_scope = row.scope
-            loaded = [_load(s, tenant, gid) for gid in group_ids]
+            loaded = [load_group(s, tenant, gid) for gid in group_ids]
         judge = judges.get(name)
 
         async def all_groups() -> list[Rescored]:
@@ -266,176 +284,34 @@ def run(db: Database, engine: Engine, judges: AuditJudges, audit_pk: int, stop: 
             except FutureTimeout:
                 if stop is not None and stop.is_set():
                     future.cancel()
-                    return _stopped(db, audit_pk, owner)
+                    return give_back(db, audit_pk, owner)
                 if time.monotonic() >= renew_at:
-                    _renew(db, audit_pk, owner)
+                    renew(db, audit_pk, owner)
                     renew_at = time.monotonic() + LEASE_S / 4
             except FutureCancelled:  # the engine closed with the audit's calls on it
-                return _stopped(db, audit_pk, owner)
+                return give_back(db, audit_pk, owner)
         seconds = time.monotonic() - started
-        compared, stored = _compare(loaded, results)
+        compared, stored = compare(loaded, results)
         agreement, effect = build_report(compared)
-        report = {"agreement": agreement, "effect": effect, "usage": _usage(results, seconds)}
+        report = {"agreement": agreement, "effect": effect, "usage": usage_json(results, seconds)}
         with db.session() as s:
             for group, *_ in loaded:
                 s.add(m.AuditGroup(audit_pk=audit_pk, group_pk=group.id, **stored[group.id]))
-            s.execute(
-                update(m.Audit)
-                .where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)
-                .values(status="done", report=report, finished_at=datetime.now(UTC), lease_expires_at=None)
-            )
+            now = datetime.now(UTC)
+            done = update(m.Audit).where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)
+            if rows_changed(s, done.values(status="done", report=report, finished_at=now, lease_expires_at=None)):
+                add_tenant_usage(s, tenant, bucket(now, budget_window_s), ledger_usage(report["usage"]))
         return "done"
     except Exception as exc:  # noqa: BLE001 - whatever stops an audit fails it, with the reason
         reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("judge ") else str(exc)
         log.warning("audit %s failed: %s", audit_pk, reason)
         with db.session() as s:
-            s.execute(
-                update(m.Audit)
-                .where(m.Audit.id == audit_pk)
-                .values(status="failed", error=reason, finished_at=datetime.now(UTC), lease_expires_at=None)
-            )
+            now = datetime.now(UTC)
+            failed = update(m.Audit).values(status="failed", error=reason, finished_at=now, lease_expires_at=None)
+            # Still this run's: its calls that came back count, once.
+            if rows_changed(s, failed.where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)):
+                if results is not None:
+                    add_tenant_usage(s, tenant, bucket(now, budget_window_s), ledger_usage(usage_json(results, None)))
+            else:
+                s.execute(failed.where(m.Audit.id == audit_pk))
         return "failed"
-
-
-def _stopped(db: Database, audit_pk: int, owner: str) -> str:
-    """Give the claim back: the audit stays running, its lease out, for the next start."""
-    with db.session() as s:
-        s.execute(
-            update(m.Audit)
-            .where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)
-            .values(lease_expires_at=datetime.now(UTC))
-        )
-    log.info("audit %s stopped with its process; the next start or sweep runs it again", audit_pk)
-    return "stopped"
-
-
-def _renew(db: Database, audit_pk: int, owner: str) -> None:
-    with db.session() as s:
-        s.execute(
-            update(m.Audit)
-            .where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)
-            .values(lease_expires_at=datetime.now(UTC) + timedelta(seconds=LEASE_S))
-        )
-
-
-Loaded = tuple[m.Group, GroupContent, Any, Side]
-
-
-def _load(s: Session, tenant: str, group_id: str) -> Loaded:
-    """A sampled group: its row, full content, parameters and the original judge's side."""
-    group = s.scalar(select(m.Group).where(m.Group.tenant == tenant, m.Group.group_id == group_id))
-    if group is None or group.status != "done":
-        raise NotFound(f"group {group_id!r} is no longer a done group of this tenant")
-    params = params_of(group)
-    ids = list(
-        s.scalars(select(m.Rollout.rollout_id).where(m.Rollout.group_pk == group.id).order_by(m.Rollout.position))
-    )
-    documents = repo.rollout_documents(s, group.id, ids)
-    content = GroupContent.model_validate(
-        {
-            "question": group.question,
-            "rubrics": group.rubrics,
-            "rollouts": [documents[rid]["rollouts"][0] for rid in ids],
-        }
-    )
-    outline = outlined_content(s, group)
-    credits = group_credits(outline, judgments_of(s, group.id), params)
-    rewards: dict[str, float | None] = {r.id: r.outcome_reward for r in outline.rollouts}
-    if params.outcome_source == "judge":
-        rewards = {rid: b.reward for rid, b in group_breakdowns(s, group.id, outline.rubrics, params).items()}
-        outline = outline.model_copy(
-            update={"rollouts": [r.model_copy(update={"outcome_reward": rewards.get(r.id)}) for r in outline.rollouts]}
-        )
-    judged: dict[tuple[str, str, int, str], tuple[str, int | None, frozenset[str], int]] = {}
-    rows = s.execute(
-        select(
-            m.Judgment.kind,
-            m.Judgment.rollout_id,
-            m.Judgment.turn_index,
-            m.Judgment.rubric_id,
-            m.Judgment.status,
-            m.Judgment.level,
-            m.Judgment.match_count,
-            m.Judgment.matches,
-            m.Judgment.prior_support,
-        ).where(m.Judgment.group_pk == group.id)
-    )
-    for kind, rollout_id, turn, key, status, level, count, matches, prior in rows:
-        matched = frozenset(x["rubric_id"] for x in matches or ())
-        value = count if kind == "snippet" else level
-        judged[(kind, rollout_id, turn, key)] = (status, value, matched, prior or 0)
-    side = Side(judged, group_advantages(outline, credits, params), rewards, params.history)
-    return group, content, params, side
-
-
-def _compare(loaded: list[Loaded], results: list[Rescored]) -> tuple[list[Compared], dict[int, dict[str, Any]]]:
-    compared = []
-    stored: dict[int, dict[str, Any]] = {}
-    for (group, content, params, original), result in zip(loaded, results, strict=True):
-        judged = {
-            (j.kind, j.rollout_id, j.turn_index, j.key): (j.status, j.value, frozenset(j.matched), j.history)
-            for j in result.judgments
-        }
-        audit = Side(judged, result.advantages, result.rewards, params.history)
-        positive = [r.id for r in content.positive_rubrics]
-        compared.append(Compared(group.group_id, original, audit, positive, params.outcome_source == "judge"))
-        stored[group.id] = {
-            "judgments": [j.as_json() for j in result.judgments],
-            "advantages": _advantages_json(result),
-            "usage": _usage([result], None),
-        }
-    return compared, stored
-
-
-def _advantages_json(result: Rescored) -> dict[str, Any]:
-    return {
-        "rollouts": [
-            {
-                "id": r.rollout_id,
-                "outcome_reward": result.rewards.get(r.rollout_id),
-                "outcome_advantage": r.outcome_advantage,
-                "turns": [
-                    {
-                        "index": t.index,
-                        "credit": t.credit,
-                        "process_advantage": t.process_advantage,
-                        "advantage": t.advantage,
-                    }
-                    for t in r.turns
-                ],
-            }
-            for r in result.advantages.rollouts
-        ]
-    }
-
-
-def _usage(results: list[Rescored], seconds: float | None) -> dict[str, Any]:
-    attempts = [a for r in results for j in r.judgments for a in j.attempts]
-    usage: dict[str, Any] = {
-        "calls": len(attempts),
-        "judgments": sum(1 for r in results for j in r.judgments if not j.reused),
-        "prompt_tokens": sum(int(a.get("prompt_tokens") or 0) for a in attempts),
-        "completion_tokens": sum(int(a.get("completion_tokens") or 0) for a in attempts),
-        "cached_prompt_tokens": sum(int(a.get("cached_tokens") or 0) for a in attempts),
-    }
-    if seconds is not None:
-        usage["seconds"] = round(seconds, 3)
-    return usage
-
-
-def sweep(db: Database, dispatch: Callable[[int], None], stale_after_s: float) -> int:
-    """Dispatch again the audits whose message or worker was lost: queued for longer
-    than ``stale_after_s``, or running under a lease that ran out."""
-    now = datetime.now(UTC)
-    with db.session() as s:
-        ids = list(
-            s.scalars(
-                select(m.Audit.id).where(
-                    ((m.Audit.status == "queued") & (m.Audit.created_at < now - timedelta(seconds=stale_after_s)))
-                    | ((m.Audit.status == "running") & (m.Audit.lease_expires_at < now))
-                )
-            )
-        )
-    for audit_pk in ids:
-        dispatch(audit_pk)
-    return len(ids)

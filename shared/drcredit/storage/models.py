@@ -363,7 +363,11 @@ class Audit(Base):
     """
 
     __tablename__ = "audits"
-    __table_args__ = (UniqueConstraint("audit_id"), Index("ix_audits_tenant_created", "tenant", "created_at"))
+    __table_args__ = (
+        UniqueConstraint("audit_id"),
+        Index("ix_audits_tenant_created", "tenant", "created_at"),
+        Index("ix_audits_held_until", "held_until"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     audit_id: Mapped[str] = mapped_column(String(64))
@@ -375,7 +379,7 @@ class Audit(Base):
     scope: Mapped[dict[str, Any]] = mapped_column(JSON)
     sample_groups: Mapped[int | None] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(BigInteger, default=0)
-    #: queued | running | done | failed
+    #: queued | running | done | failed (queued with ``held_until``: shown ``waiting_for_budget``)
     status: Mapped[str] = mapped_column(String(16), default="queued")
     error: Mapped[str | None] = mapped_column(Text)
     #: The sampled groups (public ids), in order.
@@ -385,6 +389,10 @@ class Audit(Base):
     #: The process running it and until when that claim holds (renewed while it runs).
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column()
+    #: Accepted past its tenant's budget (``on_budget: wait``): queued, and neither sent
+    #: nor claimed before this reset; the budget it waits for.
+    held_until: Mapped[datetime | None] = mapped_column()
+    held_for: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
@@ -439,9 +447,10 @@ class Label(Base):
 
 
 class TenantUsage(Base):
-    """The judge usage of a tenant's finished groups, per bucket of time (an hour, or
-    a test window): written in the transaction that ends each group, so a group counts
-    here once it is final and in the sums over its judgments while it runs."""
+    """The judge usage of a tenant's finished groups and ended judge audits, per bucket
+    of time (an hour, or a test window): written in the transaction that ends each
+    group or audit, so a group counts here once it is final and in the sums over its
+    judgments while it runs."""
 
     __tablename__ = "tenant_usage"
 

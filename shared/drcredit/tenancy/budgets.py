@@ -1,14 +1,15 @@
 """Budgets at the door: a tenant's usage in its windows, the check before new work,
-and the release of groups held for a reset.
+and the release of groups and judge audits held for a reset.
 
 Usage is read from the database, so every API process agrees: the ledger of finished
-groups (:func:`drcredit.scoring.results.usage.tenant_usage`) plus the judgments of the
-tenant's open groups, in one statement. A check runs before new groups are stored
-(``POST /v1/groups``, ``/v1/batches``): past a budget they are refused
-(:class:`BudgetExhausted`, a 429) or, with ``on_budget: wait``, stored with a
-:class:`~drcredit.scoring.intake.ingest.Hold` until the budget resets. Work already
-admitted is never stopped: a group's own rollouts are always taken, and its judging
-always finishes, so a budget may be passed by what was admitted before it was reached.
+groups and ended judge audits (:func:`drcredit.scoring.results.usage.tenant_usage`) plus
+the judgments of the tenant's open groups, in one statement. A check runs before new
+groups or judge audits are stored (``POST /v1/groups``, ``/v1/batches``,
+``/v1/audits``): past a budget they are refused (:class:`BudgetExhausted`, a 429) or,
+with ``on_budget: wait``, stored with a :class:`~drcredit.scoring.intake.ingest.Hold`
+until the budget resets. Work already admitted is never stopped: a group's own rollouts
+are always taken, and its judging (or an audit's) always finishes, so a budget may be
+passed by what was admitted before it was reached.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from drcredit.tenancy.windows import WINDOWS, BudgetState, Window, blocking, bou
 
 log = logging.getLogger("drcredit.tenancy")
 
-#: How often the API looks for held groups whose budget has reset.
+#: How often the API looks for held groups and audits whose budget has reset.
 RELEASE_EVERY_S = 1.0
 
 
@@ -145,8 +146,28 @@ def release_due(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int
     return released
 
 
+def release_due_audits(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int]:
+    """Send the held judge audits whose reset has come, as their start would have; their
+    ids. Released once by the conditional update, like groups; a send that is lost is
+    sent again by the audit sweeper (the audit is then queued and no longer held)."""
+    held = (m.Audit.status == "queued", m.Audit.held_until.is_not(None), m.Audit.held_until <= now)
+    with db.read_session() as s:
+        due = s.scalar(select(m.Audit.id).where(*held).limit(1))
+    if due is None:
+        return []
+    with db.session() as s:
+        released = sorted(
+            s.scalars(update(m.Audit).where(*held).values(held_until=None, held_for=None).returning(m.Audit.id))
+        )
+    for audit_pk in released:
+        dispatcher.dispatch_audit(audit_pk)
+    if released:
+        log.info("released %d audits held for a budget", len(released))
+    return released
+
+
 class Releaser(threading.Thread):
-    """Releases held groups at their budget's reset (within :data:`RELEASE_EVERY_S`)."""
+    """Releases held groups and audits at their budget's reset (within :data:`RELEASE_EVERY_S`)."""
 
     def __init__(self, db: Database, dispatcher: Dispatcher, clock: Callable[[], datetime] = lambda: datetime.now(UTC)):
         super().__init__(name="drcredit-budget-release", daemon=True)
@@ -155,10 +176,15 @@ class Releaser(threading.Thread):
 
     def run(self) -> None:
         while not self.stopped.wait(RELEASE_EVERY_S):
+            now = self.clock()
             try:
-                release_due(self.db, self.dispatcher, self.clock())
+                release_due(self.db, self.dispatcher, now)
             except Exception:
                 log.warning("could not release groups held for a budget", exc_info=True)
+            try:
+                release_due_audits(self.db, self.dispatcher, now)
+            except Exception:
+                log.warning("could not release audits held for a budget", exc_info=True)
 
     def stop(self) -> None:
         self.stopped.set()

@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from drcredit.audit import leases as audit_leases
 from drcredit.audit import service as audit_service
 from drcredit.audit.judges import AuditJudges, check_audit_judges
 from drcredit.judges import build_judge
@@ -79,14 +80,15 @@ class Runtime:
             pipeline.events.local = True
             dispatcher.bind(pipeline.submit_units, pipeline.submit_aggregation)
             dispatcher.submit_audit = functools.partial(
-                _run_audit_in_background, db, pipeline, audits, pipeline.stopping
+                _run_audit_in_background, db, pipeline, audits, pipeline.stopping, settings.budget_window_s
             )
             resumed = pipeline.resume() if problem is None else 0
             if resumed:
                 log.info("resumed %d unfinished work units", resumed)
             # Audits this process's last run left (queued, or stopped with it: running,
-            # their lease given back) run again; a live process's claim keeps its own.
-            audits_resumed = audit_service.sweep(db, dispatcher.dispatch_audit, 0.0) if problem is None else 0
+            # their lease given back) run again; a live process's claim keeps its own, and
+            # one held for a budget waits for the API's release at the reset.
+            audits_resumed = audit_leases.sweep(db, dispatcher.dispatch_audit, 0.0) if problem is None else 0
             if audits_resumed:
                 log.info("resumed %d unfinished audits", audits_resumed)
         return cls(settings, db, judge, dispatcher, pipeline, audits, problem)
@@ -120,7 +122,12 @@ class Runtime:
 
 
 def _run_audit_in_background(
-    db: Database, pipeline: Pipeline, audits: AuditJudges, stop: threading.Event, audit_pk: int
+    db: Database,
+    pipeline: Pipeline,
+    audits: AuditJudges,
+    stop: threading.Event,
+    budget_window_s: float | None,
+    audit_pk: int,
 ) -> Future[str]:
     """Embedded mode: run an audit on a thread of its own (it waits on the engine's loop
     for its judge calls, below every training call); it stops with the pipeline, giving
@@ -129,7 +136,7 @@ def _run_audit_in_background(
 
     def run() -> None:
         try:
-            future.set_result(audit_service.run(db, pipeline.engine, audits, audit_pk, stop))
+            future.set_result(audit_service.run(db, pipeline.engine, audits, audit_pk, stop, budget_window_s))
         except BaseException as exc:  # noqa: BLE001 - reported through the future
             future.set_exception(exc)
 

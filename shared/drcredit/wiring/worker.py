@@ -21,7 +21,7 @@ from celery import Celery, signals
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from drcredit import metrics
-from drcredit.audit import service as audits
+from drcredit.audit import leases as audits
 from drcredit.broker.app import create_celery
 from drcredit.broker.consumers import ConsumerHeartbeat, ConsumerRegistry
 from drcredit.broker.dispatch import CeleryDispatcher

@@ -80,7 +80,13 @@ def record_tenant_usage(s: Session, group_pk: int, bucket: datetime) -> None:
     tenant = s.scalar(select(m.Group.tenant).where(m.Group.id == group_pk))
     if tenant is None:
         return
-    used = group_usage(s, [group_pk])[group_pk]
+    add_tenant_usage(s, tenant, bucket, group_usage(s, [group_pk])[group_pk])
+
+
+def add_tenant_usage(s: Session, tenant: str, bucket: datetime, used: Usage) -> None:
+    """Add ``used`` to ``tenant``'s ledger row at ``bucket`` (one upsert): the one place
+    the ledger is written, for groups and judge audits alike. The caller's transaction
+    is the one that makes the work final, so it counts once."""
     if used == Usage():
         return
     values = {"tenant": tenant, "bucket": bucket, **{c: getattr(used, c) for c in _LEDGER}}
@@ -99,8 +105,8 @@ def record_tenant_usage(s: Session, group_pk: int, bucket: datetime) -> None:
 
 
 def tenant_usage(s: Session, tenant: str, windows: Mapping[str, tuple[datetime, datetime]]) -> dict[str, Usage]:
-    """Per named window (start, end): the tenant's usage: its finished groups' ledger
-    in the window, plus every judgment of its groups still open (they count in the
+    """Per named window (start, end): the tenant's usage: the ledger of its finished
+    groups and judge audits in the window, plus every judgment of its groups still open (they count in the
     current window). One statement, so a group that ends meanwhile counts once."""
     t = m.TenantUsage
     j, g = m.Judgment, m.Group
