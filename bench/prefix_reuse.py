@@ -12,7 +12,8 @@ posts a step of fresh content (its own seed: nothing in it was asked before) and
   trajectory made them prefill;
 - the step's wall time against its bound: the longer of its critical path (the longest
   chain of dependent calls x the judge latency) and the busiest replica's prefill of
-  what it had to prefill at least once (its distinct blocks x the prefill cost).
+  what it had to prefill at least once (its distinct blocks x the prefill cost) plus one
+  latency (a call's latency and its prefill are in series).
 
 Then (last layout only) the last step is posted again under new group ids, as a later
 epoch over the same questions and pages: the share of its judgments reused from the
@@ -102,7 +103,9 @@ def measure(
     prefilled = sum(int(s.get("prefilled_tokens", 0)) for s in served)
     critical = max(critical_path_calls(step, run["credits"]), 1) * args.latency
     busiest = max(int(s.get("distinct_prefilled_tokens", 0)) for s in served) * args.prefill_us_per_token / 1e6
-    bound = max(critical, busiest)
+    # Every call is its latency and its prefill in series, so the busiest replica's last
+    # prefill is followed (or preceded) by at least one latency.
+    bound = max(critical, busiest + args.latency)
     return {
         "wall_s": round(run["wall_s"], 2),
         "bound_s": round(bound, 2),
