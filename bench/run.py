@@ -182,6 +182,11 @@ def main() -> None:
         "--tenant-weight-groups", type=int, default=None, help="tenants: groups of each 3:1 batch (default: A's)"
     )
     parser.add_argument(
+        "--tenant-phases",
+        default="contended,weights,budget",
+        help="tenants: the phases each repeat runs (contended: B beside A; weights: 3:1; budget)",
+    )
+    parser.add_argument(
         "--tenant-a-alone",
         action=argparse.BooleanOptionalAction,
         default=True,

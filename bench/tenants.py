@@ -17,8 +17,11 @@ f waiting; budget windows of ``--tenant-window`` seconds). Each repeat measures:
   alone (target <= 1.5x) and a's over its bound, (all calls of both / slots + a's
   critical path) x latency (target <= 1.15x);
 - ``weights``: c and d post a batch each at once; the calls served per 10 s window
-  (judgments stored, by tenant) while both are backlogged, until the first has 90% of
-  its judgments (target 75/25 +- 10);
+  (judgments stored, by tenant) while both are backlogged: every half second the
+  workers' reports in Redis give each tenant's demand (calls waiting or in flight), and
+  a window counts only when, all through it, each tenant wanted at least its part of the
+  judge's slots (c 3/4, d 1/4): a tenant down to its last chains' calls cannot use its
+  part, and the other is rightly given it (target 75/25 +- 10);
 - ``budget``: e posts a step (admitted: nothing used yet), and 2 s later another: a 429
   naming ``tokens_per_day``; every group of the first ends done. f posts a step, waits
   for it, posts another: held (``waiting_for_budget``) until its window resets, then its
@@ -114,8 +117,50 @@ class Posted:
         return self
 
 
-def served_windows(db: str, tenants: tuple[str, str], since: float) -> list[dict[str, Any]]:
-    """Judgments stored per tenant per 10 s window, while both tenants had groups running."""
+class DemandSampler:
+    """Each tenant's demand across the deployment (calls waiting or in flight), read from
+    the processes' reports in the fleet's Redis every half second, with the time."""
+
+    def __init__(self, broker: str):
+        self.client = redis.Redis.from_url(broker)
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> DemandSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.5):
+            demand: dict[str, int] = {}
+            for key in self.client.scan_iter("drcredit:judge:processes:*"):
+                for raw in self.client.hgetall(key).values():
+                    for tenant, n in orjson.loads(raw).get("tenants", {}).items():
+                        demand[tenant] = demand.get(tenant, 0) + int(n)
+            self.samples.append((time.time(), demand))
+
+    def finish(self) -> list[tuple[float, dict[str, int]]]:
+        self.stop.set()
+        self._thread.join()
+        return self.samples
+
+
+def backlogged(samples: list[tuple[float, dict[str, int]]], parts: dict[str, float], start: float, end: float) -> bool:
+    """Every tenant wanted at least its part of the slots at every sample in [start, end)."""
+    inside = [d for at, d in samples if start <= at < end]
+    return bool(inside) and all(d.get(t, 0) >= part for d in inside for t, part in parts.items())
+
+
+def served_windows(
+    db: str,
+    tenants: tuple[str, str],
+    since: float,
+    samples: list[tuple[float, dict[str, int]]] | None = None,
+    parts: dict[str, float] | None = None,
+) -> list[dict[str, Any]]:
+    """Judgments stored per tenant per 10 s window, while both tenants had groups running;
+    each window says whether both were backlogged all through it (``samples``, ``parts``)."""
     with psycopg.connect(db.replace("postgresql+psycopg://", "postgresql://")) as conn:
         rows = conn.execute(
             "SELECT g.tenant, extract(epoch FROM j.created_at) FROM judgments j JOIN groups g ON g.id = j.group_pk"
@@ -132,7 +177,10 @@ def served_windows(db: str, tenants: tuple[str, str], since: float) -> list[dict
     while t + WINDOW_S <= end:
         counts = {x: sum(1 for at in times[x] if t <= at < t + WINDOW_S) for x in tenants}
         total = sum(counts.values())
-        out.append({"from_s": t - since, **counts, "share": counts[tenants[0]] / total if total else None})
+        both = backlogged(samples, parts, t, t + WINDOW_S) if samples is not None and parts is not None else None
+        out.append(
+            {"from_s": t - since, **counts, "share": counts[tenants[0]] / total if total else None, "backlogged": both}
+        )
         t += WINDOW_S
     return out
 
@@ -146,11 +194,40 @@ def reset_peak(judge: str) -> None:
 
 
 def one_repeat(api: str, judge: str, db: str, args: argparse.Namespace, k: int) -> dict[str, Any]:
+    slots = args.judge_slots
+    phases = {p.strip() for p in args.tenant_phases.split(",") if p.strip()}
+    out: dict[str, Any] = {}
+    if "contended" in phases:
+        out.update(contended(api, judge, args, k))
+    if "weights" in phases:
+        # weights 3:1: c and d at once.
+        since = time.time()
+        sampler = DemandSampler(bench_redis()).start()
+        weight_groups = args.tenant_weight_groups or args.tenant_a_groups
+        c = Posted(api, "c", step_of("c", weight_groups, args.rollouts, 300 + k)).post()
+        d = Posted(api, "d", step_of("d", weight_groups, args.rollouts, 400 + k)).post()
+        c.wait(), d.wait()
+        parts = {"c": 0.75 * slots, "d": 0.25 * slots}
+        windows = served_windows(db, ("c", "d"), since, sampler.finish(), parts)
+        shares = [w["share"] for w in windows if w["share"] is not None and w["backlogged"]]
+        out["weights_windows"] = windows
+        out["weights_backlogged_windows"] = len(shares)
+        out["weights_share_min"] = min(shares) if shares else None
+        out["weights_share_max"] = max(shares) if shares else None
+    if "budget" in phases:
+        out.update(budget(api, db, args, k))
+    return out
+
+
+def contended(api: str, judge: str, args: argparse.Namespace, k: int) -> dict[str, Any]:
+    """B's step alone, then beside A's batch posted 2 s before it."""
     latency, slots = args.latency, args.judge_slots
     out: dict[str, Any] = {}
     # alone: b's step, then a's batch, each by itself on the fleet.
     reset_peak(judge)
+    before = stats([judge])[0]["requests"]
     b_alone = Posted(api, "b", step_of("b", args.tenant_b_groups, args.rollouts, 100 + k)).post().wait()
+    b_calls = stats([judge])[0]["requests"] - before
     out["b_alone_s"] = b_alone.wall_s
     out["b_alone_peak_in_flight"] = judge_peak(judge)
     if args.tenant_a_alone:
@@ -165,27 +242,26 @@ def one_repeat(api: str, judge: str, db: str, args: argparse.Namespace, k: int) 
     calls = stats([judge])[0]["requests"] - before
     a_chain = critical_path_calls(a.groups, a.credits) * latency
     a_bound = calls / slots * latency + a_chain
+    b_chain = critical_path_calls(b.groups, b.credits) * latency
     out.update(
         {
             "b_contended_s": b.wall_s,
             "b_ratio_to_alone": b.wall_s / b_alone.wall_s,
+            # What an equal share allows B: its chain, or its calls through half the slots.
+            "b_half_share_bound_s": max(b_chain, b_calls / (slots / 2) * latency),
+            "b_calls": b_calls,
             "a_contended_s": a.wall_s,
             "a_bound_s": a_bound,
             "a_ratio_to_bound": a.wall_s / a_bound,
             "calls_both": calls,
         }
     )
-    # weights 3:1: c and d at once.
-    since = time.time()
-    weight_groups = args.tenant_weight_groups or args.tenant_a_groups
-    c = Posted(api, "c", step_of("c", weight_groups, args.rollouts, 300 + k)).post()
-    d = Posted(api, "d", step_of("d", weight_groups, args.rollouts, 400 + k)).post()
-    c.wait(), d.wait()
-    windows = served_windows(db, ("c", "d"), since)
-    shares = [w["share"] for w in windows if w["share"] is not None]
-    out["weights_windows"] = windows
-    out["weights_share_min"] = min(shares) if shares else None
-    out["weights_share_max"] = max(shares) if shares else None
+    return out
+
+
+def budget(api: str, db: str, args: argparse.Namespace, k: int) -> dict[str, Any]:
+    """A budget reached mid-run (refuse), and a step held until the window resets (wait)."""
+    out: dict[str, Any] = {}
     # budget, refuse: the first step admitted, the next (2 s in, mid-run) refused.
     e1 = Posted(api, "e", step_of("e", args.tenant_b_groups, args.rollouts, 500 + k)).post()
     time.sleep(2.0)
@@ -237,15 +313,16 @@ def section_tenants(args: argparse.Namespace, results: dict[str, Any]) -> None:
                     print(run_line(k, args.repeat, runs[-1]), flush=True)
         finally:
             stack.stop()
+    contended_runs = [r for r in runs if "b_ratio_to_alone" in r]
     rep = {
         "runs": runs,
-        "b_ratio_to_alone": summary([r["b_ratio_to_alone"] for r in runs]),
-        "a_ratio_to_bound": summary([r["a_ratio_to_bound"] for r in runs]),
+        "b_ratio_to_alone": summary([r["b_ratio_to_alone"] for r in contended_runs]) if contended_runs else None,
+        "a_ratio_to_bound": summary([r["a_ratio_to_bound"] for r in contended_runs]) if contended_runs else None,
         "weights_share_min": min(
-            (r["weights_share_min"] for r in runs if r["weights_share_min"] is not None), default=None
+            (r["weights_share_min"] for r in runs if r.get("weights_share_min") is not None), default=None
         ),
         "weights_share_max": max(
-            (r["weights_share_max"] for r in runs if r["weights_share_max"] is not None), default=None
+            (r["weights_share_max"] for r in runs if r.get("weights_share_max") is not None), default=None
         ),
     }
     results["tenants"] = rep
@@ -253,20 +330,31 @@ def section_tenants(args: argparse.Namespace, results: dict[str, Any]) -> None:
 
 
 def run_line(k: int, repeat: int, r: dict[str, Any]) -> str:
-    share = (
-        f"{100 * r['weights_share_min']:.0f}-{100 * r['weights_share_max']:.0f}%"
-        if r["weights_share_min"] is not None
-        else "no window"
-    )
-    return (
-        f"tenants {k + 1}/{repeat}: b alone {r['b_alone_s']:.1f} s (peak {r['b_alone_peak_in_flight']} in flight),"
-        f" b beside a {r['b_contended_s']:.1f} s = {r['b_ratio_to_alone']:.2f}x;"
-        f" a {r['a_contended_s']:.1f} s = {r['a_ratio_to_bound']:.2f}x bound ({r['a_bound_s']:.1f} s);"
-        f" weight 3 served {share} per {WINDOW_S:.0f} s window;"
-        f" budget: next POST {r['budget_refused_status']} {(r['budget_refused_error'] or {}).get('budget')},"
-        f" admitted {r['budget_admitted_done']}/{r['budget_admitted_groups']} done;"
-        f" held {r['held_status']}, started {r.get('held_start_after_reset_s', float('nan')):.2f} s after the reset"
-    )
+    parts = [f"tenants {k + 1}/{repeat}:"]
+    if "b_alone_s" in r:
+        parts.append(
+            f"b alone {r['b_alone_s']:.1f} s (peak {r['b_alone_peak_in_flight']} in flight),"
+            f" b beside a {r['b_contended_s']:.1f} s = {r['b_ratio_to_alone']:.2f}x"
+            f" (an equal share allows {r['b_half_share_bound_s']:.1f} s);"
+            f" a {r['a_contended_s']:.1f} s = {r['a_ratio_to_bound']:.2f}x bound ({r['a_bound_s']:.1f} s);"
+        )
+    if "weights_windows" in r:
+        share = (
+            f"{100 * r['weights_share_min']:.0f}-{100 * r['weights_share_max']:.0f}%"
+            if r["weights_share_min"] is not None
+            else "no window"
+        )
+        parts.append(
+            f"weight 3 served {share} per {WINDOW_S:.0f} s window"
+            f" ({r['weights_backlogged_windows']} windows with both backlogged);"
+        )
+    if "budget_refused_status" in r:
+        parts.append(
+            f"budget: next POST {r['budget_refused_status']} {(r['budget_refused_error'] or {}).get('budget')},"
+            f" admitted {r['budget_admitted_done']}/{r['budget_admitted_groups']} done;"
+            f" held {r['held_status']}, started {r.get('held_start_after_reset_s', float('nan')):.2f} s after the reset"
+        )
+    return " ".join(parts)
 
 
 def table(rep: dict[str, Any]) -> str:
@@ -277,8 +365,8 @@ def table(rep: dict[str, Any]) -> str:
     return "\n".join(
         [
             f"tenants ({len(rep['runs'])} runs)",
-            line("b beside a / b alone", rep["b_ratio_to_alone"]),
-            line("a beside b / bound", rep["a_ratio_to_bound"]),
+            line("b beside a / b alone", rep["b_ratio_to_alone"]) if rep["b_ratio_to_alone"] else "",
+            line("a beside b / bound", rep["a_ratio_to_bound"]) if rep["a_ratio_to_bound"] else "",
             f"  weight-3 tenant's share per window: {100 * lo:.0f}-{100 * hi:.0f}%" if lo is not None else "",
         ]
     )
