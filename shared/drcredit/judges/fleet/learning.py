@@ -84,7 +84,7 @@ class Learning:
             if rates is not None:
                 self._learn_rates(e, rates)
             return
-        verdict = e.latency.observe(latency_s, lease.load, self._clock())
+        verdict = e.latency.observe(latency_s, lease.load)
         # Busy: at least half its share in flight, this call included. Only then does
         # an answer say something of the limit: one at normal latency that the endpoint
         # kept pace with that load (it may take more), a late one that the load queues

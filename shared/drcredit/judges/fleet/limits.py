@@ -76,12 +76,6 @@ RECENT = 16
 #: minimum did: it only fell, and a lognormal judge's limit sank to half its slots.
 BASE_QUANTILE = 0.1
 BASE_MEMORY = 256
-#: The medians remembered are at least this far apart in time, so the memory spans a
-#: minute or more whatever the pace of answers. Kept per answer, 256 medians were 4-8 s at
-#: 64 answers a second: under a queue that grew by a few calls a round the base followed
-#: the latency up, no answer was ever late, and a 64-slot server was sent 325 calls at
-#: once (BENCHMARKS.md, round 20).
-BASE_SPACING_S = 0.25
 
 
 #: An endpoint that declares its rate is paced under it: its limit is at least the calls
@@ -262,10 +256,9 @@ class LatencyWatch:
     """Tells answers slowed by queueing inside the server from the server's own pace.
 
     The base is a low quantile (:data:`BASE_QUANTILE`) of the medians of the recent
-    answers, one remembered per :data:`BASE_SPACING_S` at most, the last
-    :data:`BASE_MEMORY` of them (each median, where the window mixes light and heavy
-    loads, from the answers sent with the fewest calls ahead): it follows a faster
-    server at once and a slower one within that memory (a minute or more). Per process
+    answers over the last :data:`BASE_MEMORY` answers (each median, where the window
+    mixes light and heavy loads, from the answers sent with the fewest calls ahead): it
+    follows a faster server at once and a slower one within that memory. Per process
     and endpoint.
     """
 
@@ -279,8 +272,6 @@ class LatencyWatch:
         self.after_queue_cut = False
         #: The quickest answer yet (the base's stand-in before there is one).
         self.fastest: float | None = None
-        #: When the last median was remembered (None: never, or no clock given).
-        self._remembered_at: float | None = None
 
     def _light_median(self) -> float:
         """The median latency of the answers sent with at most half the window's median
@@ -296,22 +287,16 @@ class LatencyWatch:
         self.ewma = latency_s if self.ewma is None else self.ewma + 0.2 * (latency_s - self.ewma)
         self.fastest = latency_s if self.fastest is None else min(self.fastest, latency_s)
 
-    def observe(self, latency_s: float, load: float = 1.0, now: float | None = None) -> Verdict | None:
+    def observe(self, latency_s: float, load: float = 1.0) -> Verdict | None:
         """Record an answer's latency and the calls in flight when it was sent; the
-        recent answers' verdict (None until there are :data:`RECENT` of them). ``now``
-        (a monotonic clock) spaces the medians remembered for the base; without it every
-        answer's median is remembered."""
+        recent answers' verdict (None until there are :data:`RECENT` of them)."""
         self.track(latency_s)
         self._recent.append((latency_s, load))
         if len(self._recent) < RECENT:
             return None
-        due = now is None or self._remembered_at is None or now - self._remembered_at >= BASE_SPACING_S
-        if due or self.base is None:
-            median = sorted(lat for lat, _ in self._recent)[RECENT // 2]
-            self._medians.append(min(median, self._light_median()))
-            self._remembered_at = now
-            self.base = sorted(self._medians)[int(len(self._medians) * BASE_QUANTILE)]
-        assert self.base is not None
+        median = sorted(lat for lat, _ in self._recent)[RECENT // 2]
+        self._medians.append(min(median, self._light_median()))
+        self.base = sorted(self._medians)[int(len(self._medians) * BASE_QUANTILE)]
         return verdict_of(self._recent, self.base)
 
     def late(self, latency_s: float) -> bool:
