@@ -159,7 +159,7 @@ def document(row: m.Audit) -> dict[str, Any]:
     if row.status != "done":
         status = shown_status(row)
         message = f"audit {row.audit_id!r} is {status}" + (f": {row.error}" if row.error else "")
-        if status == "waiting_for_budget" and row.held_until is not None:
+        if _held(row) and row.held_until is not None:
             message += (
                 f": its tenant's {row.held_for} is used up; it runs when it resets at {row.held_until.isoformat()}"
             )
@@ -171,14 +171,19 @@ def document(row: m.Audit) -> dict[str, Any]:
     return {**summary(row), "labelers": None, **report}
 
 
+def _held(row: m.Audit) -> bool:
+    """Queued and held for its tenant's budget (stored ``queued``, shown ``waiting_for_budget``)."""
+    return row.status == "queued" and row.held_until is not None
+
+
 def shown_status(row: m.Audit) -> str:
-    """The status a client is told: a held audit (stored ``queued``) is ``waiting_for_budget``."""
-    return "waiting_for_budget" if row.status == "queued" and row.held_until is not None else row.status
+    """The status a client is told: a held audit is ``waiting_for_budget``."""
+    return "waiting_for_budget" if _held(row) else row.status
 
 
 def summary(row: m.Audit) -> dict[str, Any]:
     """What is known of an audit at any status (its listing entry)."""
-    held_until = row.held_until if row.status == "queued" else None
+    held_until = row.held_until if _held(row) else None
     return {
         "audit_id": row.audit_id,
         "status": shown_status(row),

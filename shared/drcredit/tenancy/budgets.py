@@ -121,25 +121,22 @@ def usage_document(report: TenantUsage, price: JudgePrice | None, share_last_min
     }
 
 
-def release_due(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int]:
-    """Send the work of held groups whose reset has come; their ids. The conditional
-    update releases each group once, whichever API process gets there first."""
+def _unhold_due(db: Database, model: type[m.Group] | type[m.Audit], now: datetime, *where: Any) -> list[int]:
+    """Unhold the rows of ``model`` whose reset has come; their ids, in order. The
+    conditional update unholds each once, whichever API process gets there first."""
+    due = (model.held_until.is_not(None), model.held_until <= now, *where)
     with db.read_session() as s:
         # A read first: on SQLite an update that finds nothing still takes the one writer's lock.
-        due = s.scalar(select(m.Group.id).where(m.Group.held_until.is_not(None), m.Group.held_until <= now).limit(1))
-    if due is None:
-        return []
+        if s.scalar(select(model.id).where(*due).limit(1)) is None:
+            return []
     with db.session() as s:
-        released = list(
-            s.scalars(
-                update(m.Group)
-                .where(m.Group.held_until.is_not(None), m.Group.held_until <= now)
-                .values(held_until=None, held_for=None)
-                .returning(m.Group.id)
-            )
-        )
+        return sorted(s.scalars(update(model).where(*due).values(held_until=None, held_for=None).returning(model.id)))
+
+
+def release_due(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int]:
+    """Send the work of held groups whose reset has come; their ids."""
+    released = _unhold_due(db, m.Group, now)
     if released:
-        released.sort()
         dispatch_queued(db, dispatcher, released)
         aggregate_ready(db, dispatcher, released)
         log.info("released %d groups held for a budget", len(released))
@@ -148,17 +145,9 @@ def release_due(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int
 
 def release_due_audits(db: Database, dispatcher: Dispatcher, now: datetime) -> list[int]:
     """Send the held judge audits whose reset has come, as their start would have; their
-    ids. Released once by the conditional update, like groups; a send that is lost is
-    sent again by the audit sweeper (the audit is then queued and no longer held)."""
-    held = (m.Audit.status == "queued", m.Audit.held_until.is_not(None), m.Audit.held_until <= now)
-    with db.read_session() as s:
-        due = s.scalar(select(m.Audit.id).where(*held).limit(1))
-    if due is None:
-        return []
-    with db.session() as s:
-        released = sorted(
-            s.scalars(update(m.Audit).where(*held).values(held_until=None, held_for=None).returning(m.Audit.id))
-        )
+    ids. A send that is lost is sent again by the audit sweeper (the audit is then queued
+    and no longer held)."""
+    released = _unhold_due(db, m.Audit, now, m.Audit.status == "queued")
     for audit_pk in released:
         dispatcher.dispatch_audit(audit_pk)
     if released:
