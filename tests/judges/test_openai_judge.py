@@ -290,7 +290,7 @@ def test_calls_in_flight_grow_fourfold_with_each_round_of_answers_until_hundreds
     assert sum(1 for t in arrivals if t < 0.95) <= 64
     assert sum(1 for t in arrivals if t < 1.95) <= 64 + 256
     # Hundreds in flight: 310-322 here (quiet or with both cores busy), 241 once in CI;
-    # doubling per round would have reached 256 only in the third round, and none of
+    # doubling per round would have reached 256 only in the third round, and
     # a client that caps what is in flight at 100 (aiohttp's default pool) fails here.
     assert server.peak_in_flight >= 200, server.peak_in_flight
 
