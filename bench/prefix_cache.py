@@ -43,11 +43,14 @@ class PrefixCache:
         self._blocks: OrderedDict[bytes, None] = OrderedDict()
         #: Every block key this replica ever prefilled: what it had to prefill at least once.
         self._seen: set[bytes] = set()
+        #: ``required_prefilled_tokens``: those distinct blocks and every request's tail
+        #: past its last full block (never cached: a call's own rubric and history end it).
         self._lane = asyncio.Lock()
         self.stats = {
             "cached_prompt_tokens": 0,
             "prefilled_tokens": 0,
             "distinct_prefilled_tokens": 0,
+            "required_prefilled_tokens": 0,
             "evicted_blocks": 0,
         }
 
@@ -69,6 +72,8 @@ class PrefixCache:
             if key not in self._seen:
                 self._seen.add(key)
                 self.stats["distinct_prefilled_tokens"] += self.block_chars // CHARS_PER_TOKEN
+                self.stats["required_prefilled_tokens"] += self.block_chars // CHARS_PER_TOKEN
+        self.stats["required_prefilled_tokens"] += (len(text) - full * self.block_chars) // CHARS_PER_TOKEN
         while len(self._blocks) > self.capacity:
             self._blocks.popitem(last=False)
             self.stats["evicted_blocks"] += 1

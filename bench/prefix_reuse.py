@@ -12,8 +12,9 @@ posts a step of fresh content (its own seed: nothing in it was asked before) and
   trajectory made them prefill;
 - the step's wall time against its bound: the longer of its critical path (the longest
   chain of dependent calls x the judge latency) and the busiest replica's prefill of
-  what it had to prefill at least once (its distinct blocks x the prefill cost) plus one
-  latency (a call's latency and its prefill are in series).
+  what it had to prefill at least once (its distinct blocks, and each call's tail past
+  its last full block, which no cache holds, x the prefill cost) plus one latency (a
+  call's latency and its prefill are in series).
 
 Then (last layout only) the last step is posted again under new group ids, as a later
 epoch over the same questions and pages: the share of its judgments reused from the
@@ -102,7 +103,7 @@ def measure(
     cached = sum(int(s.get("cached_prompt_tokens", 0)) for s in served)
     prefilled = sum(int(s.get("prefilled_tokens", 0)) for s in served)
     critical = max(critical_path_calls(step, run["credits"]), 1) * args.latency
-    busiest = max(int(s.get("distinct_prefilled_tokens", 0)) for s in served) * args.prefill_us_per_token / 1e6
+    busiest = max(int(s.get("required_prefilled_tokens", 0)) for s in served) * args.prefill_us_per_token / 1e6
     # Every call is its latency and its prefill in series, so the busiest replica's last
     # prefill is followed (or preceded) by at least one latency.
     bound = max(critical, busiest + args.latency)
@@ -111,6 +112,9 @@ def measure(
         "bound_s": round(bound, 2),
         "critical_path_s": critical,
         "busiest_prefill_s": round(busiest, 2),
+        "distinct_block_prefill_s": round(
+            max(int(s.get("distinct_prefilled_tokens", 0)) for s in served) * args.prefill_us_per_token / 1e6, 2
+        ),
         "ratio_to_bound": round(run["wall_s"] / bound, 3),
         "requests": sum(int(s["requests"]) for s in served),
         "shares": [round(int(s["requests"]) / max(1, sum(int(x["requests"]) for x in served)), 3) for s in served],

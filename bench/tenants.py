@@ -31,7 +31,9 @@ f waiting; budget windows of ``--tenant-window`` seconds). Each repeat measures:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import tempfile
 import threading
 import time
@@ -193,6 +195,37 @@ def reset_peak(judge: str) -> None:
     httpx.post(f"{judge}/reset", timeout=5)
 
 
+class InFlightSampler:
+    """The judge's calls in flight, read every second while a phase runs: a limit that
+    drifts above the slots shows as calls queued inside the judge for minutes."""
+
+    def __init__(self, judge: str):
+        self.judge = judge
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> InFlightSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(httpx.HTTPError):
+                self.samples.append(int(stats([self.judge])[0].get("in_flight", 0)))
+
+    def finish(self, slots: int) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        ordered = sorted(self.samples) or [0]
+        return {
+            "median": statistics.median(ordered),
+            "p90": ordered[int(0.9 * (len(ordered) - 1))],
+            "max": ordered[-1],
+            "seconds_over_twice_the_slots": sum(1 for n in ordered if n > 2 * slots),
+        }
+
+
 def one_repeat(api: str, judge: str, db: str, args: argparse.Namespace, k: int) -> dict[str, Any]:
     slots = args.judge_slots
     phases = {p.strip() for p in args.tenant_phases.split(",") if p.strip()}
@@ -235,10 +268,12 @@ def contended(api: str, judge: str, args: argparse.Namespace, k: int) -> dict[st
         out["a_alone_s"] = a_alone.wall_s
     # contended: a's batch, b's step 2 s later (new content, the same shapes).
     before = stats([judge])[0]["requests"]
+    sampler = InFlightSampler(judge).start()
     a = Posted(api, "a", step_of("a", args.tenant_a_groups, args.rollouts, 200 + k)).post()
     time.sleep(2.0)
     b = Posted(api, "b", step_of("b", args.tenant_b_groups, args.rollouts, 100 + k)).post()
     a.wait(), b.wait()
+    in_flight = sampler.finish(slots)
     calls = stats([judge])[0]["requests"] - before
     a_chain = critical_path_calls(a.groups, a.credits) * latency
     a_bound = calls / slots * latency + a_chain
@@ -254,6 +289,8 @@ def contended(api: str, judge: str, args: argparse.Namespace, k: int) -> dict[st
             "a_bound_s": a_bound,
             "a_ratio_to_bound": a.wall_s / a_bound,
             "calls_both": calls,
+            # The judge's calls in flight, one sample a second (its slots: --judge-slots).
+            "contended_in_flight": in_flight,
         }
     )
     return out
@@ -337,6 +374,11 @@ def run_line(k: int, repeat: int, r: dict[str, Any]) -> str:
             f" b beside a {r['b_contended_s']:.1f} s = {r['b_ratio_to_alone']:.2f}x"
             f" (an equal share allows {r['b_half_share_bound_s']:.1f} s);"
             f" a {r['a_contended_s']:.1f} s = {r['a_ratio_to_bound']:.2f}x bound ({r['a_bound_s']:.1f} s);"
+        )
+        f = r["contended_in_flight"]
+        parts.append(
+            f"judge in flight meanwhile: median {f['median']}, p90 {f['p90']}, max {f['max']},"
+            f" {f['seconds_over_twice_the_slots']} s over twice its slots;"
         )
     if "weights_windows" in r:
         share = (

@@ -284,3 +284,26 @@ def test_the_repeat_summary_takes_the_baseline_over_the_runs_where_it_completed(
     assert clean["baseline_failures"] == 0 and "attempts failed" not in table(clean)
     alone = repeat_summary([run(1.1, None, 0)], 2, False, False)
     assert "ratio_to_baseline" not in alone and "baseline_runs" not in alone
+
+
+def test_the_prefix_cache_counts_what_must_be_prefilled_at_least_once() -> None:
+    """Two prompts sharing their first two blocks: the second prefills only its tail;
+    what must be prefilled is the two distinct blocks and both tails (no cache holds a
+    prompt's last partial block)."""
+    import asyncio
+
+    from bench.prefix_cache import PrefixCache, prompt_text
+
+    shared = "p" * 600
+    first = [{"role": "user", "content": shared + "a" * 100}]
+    second = [{"role": "user", "content": shared + "b" * 100}]
+    cache = PrefixCache(capacity_blocks=64, block_chars=256)
+    # "<|user|>" (8) + 700 + "<|end|>" (7) = 715 characters: 2 full blocks and a tail of 203
+    assert len(prompt_text(first)) == 715
+    got = asyncio.run(cache.prefill(first, 715 // 4))
+    assert got == 0
+    assert asyncio.run(cache.prefill(second, 715 // 4)) == 512 // 4  # two blocks cached
+    # distinct blocks: the two shared ones (the second prompt's blocks are the same two)
+    assert cache.stats["distinct_prefilled_tokens"] == 2 * 64
+    assert cache.stats["required_prefilled_tokens"] == 2 * 64 + 2 * (203 // 4)
+    assert cache.stats["prefilled_tokens"] == 178 + (178 - 128)

@@ -144,6 +144,28 @@ def test_a_timeout_while_the_endpoint_answers_others_cuts_the_limit_and_keeps_it
     e = fleet.endpoints[0]
     assert limit == pytest.approx(200 * 2.0 / 20.0 * limits.HEADROOM)  # 25
     assert e.health.up and e.health.failures == 0 and e.counts["timeout"] == 5
+    assert e.latency.held == 2.0  # a queue: the base no longer rises on its own
+
+
+def test_late_answers_under_load_cut_the_limit_to_the_slots_and_hold_the_base() -> None:
+    async def run() -> Fleet:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: 0.0)
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, limit=LimitState(100.0, ssthresh=50.0))
+        # 16 answers in 1 s, each sent with 25 in flight (the base: 1 s), then 8 answers in
+        # 4 s, each sent with 100 in flight (busy).
+        for latency, in_flight in [(1.0, 24)] * limits.RECENT + [(4.0, 99)] * (limits.RECENT // 2):
+            e.in_flight = in_flight
+            fleet.answered(fleet._lease(e, probe=False), latency)
+        return fleet
+
+    e = aio.run(run()).endpoints[0]
+    # The 8th answer in 4 s makes the median of the last 16 (their 9th smallest) 4x the
+    # base: every answer implies 25 slots (25 x 1 / 1 and 100 x 1 / 4), and the limit is
+    # cut from about 100 to 25 x 1.25.
+    assert e.record.limit.queues and e.record.limit.slots == pytest.approx(25.0)
+    assert e.record.limit.limit == pytest.approx(25.0 * limits.HEADROOM)
+    assert e.latency.held == 1.0 and e.latency.after_queue_cut
 
 
 def test_a_timeout_when_nothing_answers_counts_toward_taking_the_endpoint_out() -> None:
@@ -169,3 +191,55 @@ def test_slow_starts_new_room_goes_out_at_the_share_per_latency() -> None:
     # past slow start: additive increase adds a few a round, no pace
     done = LimitState(limit=256.0, ssthresh=100.0)
     assert limits.growth_pace(done, in_flight=200, proven=64.0, share=256, latency_s=1.0) is None
+
+
+def _queue_growing_over_seconds(watch: LatencyWatch) -> Verdict | None:
+    """300 answers at 1 s, a queue cut (held or not by the caller), then 320 answers whose
+    latency a queue growing a few calls a round takes from 1 s to 3 s."""
+    for _ in range(300):
+        watch.observe(1.0, 64.0)
+    verdict = None
+    for k in range(320):
+        verdict = watch.observe(1.0 + 2.0 * (k + 1) / 320, 64.0)
+    return verdict
+
+
+def test_after_a_queue_cut_the_base_does_not_follow_a_growing_queue_up() -> None:
+    # Held at the cut (base 1 s): the last answers, at 3 s, are 3x the base: a queue.
+    held = LatencyWatch()
+    for _ in range(300):
+        held.observe(1.0, 64.0)
+    held.hold()
+    held.forget_recent()
+    for k in range(320):
+        verdict = held.observe(1.0 + 2.0 * (k + 1) / 320, 64.0)
+    assert held.base == 1.0
+    # the last 16 answers' median is the 9th of them (k = 312): 1 + 2 x 313 / 320 s
+    assert verdict is not None and verdict.ratio == pytest.approx(1.0 + 2.0 * 313 / 320)
+    # Not held (no cut yet): the 256 medians remembered are all from the rise, their
+    # lowest tenth is from its first third, and the same answers read as under 2x late.
+    free = LatencyWatch()
+    verdict = _queue_growing_over_seconds(free)
+    assert free.base is not None and free.base > 1.5
+    assert verdict is not None and verdict.ratio < limits.INFLATION
+
+
+def test_a_held_base_still_falls_for_a_faster_server_and_a_rebase_lifts_it() -> None:
+    watch = LatencyWatch()
+    for _ in range(300):
+        watch.observe(2.0, 8.0)
+    watch.hold()
+    assert watch.held == 2.0
+    for _ in range(300):
+        watch.observe(1.0, 8.0)  # faster: the base follows at once
+    assert watch.base == 1.0
+    watch.hold()  # a second cut never raises what is held
+    assert watch.held == 1.0
+    for _ in range(300):
+        watch.observe(4.0, 8.0)  # slower: held at 1 s until a rebase says so
+    assert watch.base == 1.0
+    watch.rebase()
+    assert watch.base == 4.0 and watch.held == 4.0
+    for _ in range(300):
+        watch.observe(5.0, 8.0)
+    assert watch.base == 4.0  # held again at the rebased value

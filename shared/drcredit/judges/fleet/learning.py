@@ -102,11 +102,23 @@ class Learning:
         if action == limits.QUEUE and verdict is not None:
             if busy:
                 slots = verdict.slots
+                log.info(
+                    "judge endpoint %s queues calls: answers %.1fx its base of %.2f s with %.0f in flight;"
+                    " about %.0f slots (limit was %.0f)",
+                    e.url,
+                    verdict.ratio,
+                    e.latency.base or 0.0,
+                    verdict.load,
+                    slots,
+                    state.limit,
+                )
                 self._change(lease, lambda s: limits.queued(s, lease.epoch, slots))
+                e.latency.hold()
                 e.latency.forget_recent()
                 e.latency.after_queue_cut = True
         elif action == limits.REBASE:
             e.latency.rebase()
+            log.info("judge endpoint %s is slower by itself: its base is now %.2f s", e.url, e.latency.base or 0.0)
         else:
             if verdict is not None:
                 e.latency.after_queue_cut = False
@@ -207,6 +219,7 @@ class Learning:
             e.unread_spacing = (base or waited) / max(slots, 1.0)
             e.unread_until = max(e.unread_until, now) + e.unread_spacing
             self._change(lease, lambda s: limits.timed_out(s, lease.epoch, load, base, waited))
+            e.latency.hold()
             e.latency.forget_recent()
             return
         if e.health.failed(reason, now, probe=lease.probe, connection=outcome == "connection"):

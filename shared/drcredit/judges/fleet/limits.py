@@ -17,9 +17,12 @@ that estimate with :data:`HEADROOM` (not cut by a factor round after round: the 
 the first wave built would outlast the answer timeout); then it grows again by a few
 calls a round until the next late verdict, so the limit stays between its slots and
 twice as many, and the calls beyond wait in the platform (in priority order, no
-timeout running). A call that times out while the endpoint answers others is a queue too: the
-slots are fewer than ``load x base / timeout`` (:func:`timed_out`). A late verdict right
-after a queue cut, from calls sent within the new limit, says the server itself slowed
+timeout running). From the first queue cut the base may fall but no longer rise on
+its own (:meth:`LatencyWatch.hold`): a queue growing a few calls a round would otherwise
+carry it up with the latency, and no answer would ever read as late. A call that times
+out while the endpoint answers others is a queue too: the slots are fewer than ``load x
+base / timeout`` (:func:`timed_out`). A late verdict right after a queue cut, from calls
+sent within the new limit, says the server itself slowed
 (other clients, longer prompts): the base is learnt again instead of cutting twice.
 
 Growth and the latency verdicts need the endpoint busy (half a process's share in
@@ -260,6 +263,12 @@ class LatencyWatch:
     mixes light and heavy loads, from the answers sent with the fewest calls ahead): it
     follows a faster server at once and a slower one within that memory. Per process
     and endpoint.
+
+    Once the endpoint has been cut for queueing, the base is held: it follows a faster
+    server still, but rises only when :meth:`rebase` says the server itself slowed. At
+    64 answers a second the memory is 4-8 s, and a queue growing by the additive
+    increase's few calls a round carried the base up with the latency: no answer read as
+    late and a 64-slot server was sent 325 calls at once (BENCHMARKS.md, round 20).
     """
 
     def __init__(self) -> None:
@@ -272,6 +281,8 @@ class LatencyWatch:
         self.after_queue_cut = False
         #: The quickest answer yet (the base's stand-in before there is one).
         self.fastest: float | None = None
+        #: The highest the base may be since the first queue cut (None: not held).
+        self.held: float | None = None
 
     def _light_median(self) -> float:
         """The median latency of the answers sent with at most half the window's median
@@ -297,6 +308,8 @@ class LatencyWatch:
         median = sorted(lat for lat, _ in self._recent)[RECENT // 2]
         self._medians.append(min(median, self._light_median()))
         self.base = sorted(self._medians)[int(len(self._medians) * BASE_QUANTILE)]
+        if self.held is not None:
+            self.base = min(self.base, self.held)
         return verdict_of(self._recent, self.base)
 
     def late(self, latency_s: float) -> bool:
@@ -306,6 +319,12 @@ class LatencyWatch:
         if reference is None and len(self._recent) >= RECENT // 4:
             reference = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
         return reference is not None and latency_s > SLOW_START_INFLATION * reference
+
+    def hold(self) -> None:
+        """A queue cut: from now on the base does not rise past what it is (until
+        :meth:`rebase`); it may still fall (a faster server, the queue drained)."""
+        if self.base is not None:
+            self.held = self.base if self.held is None else min(self.held, self.base)
 
     def forget_recent(self) -> None:
         """After a cut: the next verdict waits for answers to calls sent under the new limit."""
@@ -317,5 +336,6 @@ class LatencyWatch:
             self.base = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
             self._medians.clear()
             self._medians.append(self.base)
+            self.held = self.base if self.held is not None else None
         self._recent.clear()
         self.after_queue_cut = False
