@@ -167,6 +167,9 @@ class Simulator:
             "completion_tokens": 0,
             "in_flight": 0,
             "peak_in_flight": 0,
+            # Accepted and not yet answered: waiting for one of --concurrency's slots or in one.
+            "open": 0,
+            "peak_open": 0,
             "rate_limited": 0,
             "garbage": 0,
             "started": time.time(),
@@ -201,8 +204,14 @@ class Simulator:
         if time.monotonic() < self.garbage_until:
             self.stats["garbage"] += 1
             return 200, self.garbage(body), quota
+        self.stats["open"] += 1
+        self.stats["peak_open"] = max(self.stats["peak_open"], self.stats["open"])
         if self.slots is not None:
-            await self.slots.acquire()
+            try:
+                await self.slots.acquire()
+            except BaseException:
+                self.stats["open"] -= 1
+                raise
         self.stats["in_flight"] += 1
         self.stats["peak_in_flight"] = max(self.stats["peak_in_flight"], self.stats["in_flight"])
         try:
@@ -214,6 +223,7 @@ class Simulator:
                 await asyncio.sleep(pause)
         finally:
             self.stats["in_flight"] -= 1
+            self.stats["open"] -= 1
             if self.slots is not None:
                 self.slots.release()
         answer = orjson.dumps(ANSWERS[kind](doc)).decode()
@@ -274,6 +284,7 @@ class Simulator:
             "prompt_tokens",
             "completion_tokens",
             "peak_in_flight",
+            "peak_open",
             "rate_limited",
             "garbage",
         ):

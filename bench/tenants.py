@@ -196,8 +196,9 @@ def reset_peak(judge: str) -> None:
 
 
 class InFlightSampler:
-    """The judge's calls in flight, read every second while a phase runs: a limit that
-    drifts above the slots shows as calls queued inside the judge for minutes."""
+    """The calls the judge holds (in its slots or waiting for one), read every second
+    while a phase runs: a limit that drifts above the slots shows as calls queued inside
+    the judge for minutes."""
 
     def __init__(self, judge: str):
         self.judge = judge
@@ -212,7 +213,7 @@ class InFlightSampler:
     def _run(self) -> None:
         while not self._stop.wait(1.0):
             with contextlib.suppress(httpx.HTTPError):
-                self.samples.append(int(stats([self.judge])[0].get("in_flight", 0)))
+                self.samples.append(int(stats([self.judge])[0].get("open", 0)))
 
     def finish(self, slots: int) -> dict[str, Any]:
         self._stop.set()
@@ -289,7 +290,7 @@ def contended(api: str, judge: str, args: argparse.Namespace, k: int) -> dict[st
             "a_bound_s": a_bound,
             "a_ratio_to_bound": a.wall_s / a_bound,
             "calls_both": calls,
-            # The judge's calls in flight, one sample a second (its slots: --judge-slots).
+            # The calls the judge held, in its slots or waiting, one sample a second.
             "contended_in_flight": in_flight,
         }
     )
@@ -377,7 +378,7 @@ def run_line(k: int, repeat: int, r: dict[str, Any]) -> str:
         )
         f = r["contended_in_flight"]
         parts.append(
-            f"judge in flight meanwhile: median {f['median']}, p90 {f['p90']}, max {f['max']},"
+            f"calls at the judge meanwhile: median {f['median']}, p90 {f['p90']}, max {f['max']},"
             f" {f['seconds_over_twice_the_slots']} s over twice its slots;"
         )
     if "weights_windows" in r:
