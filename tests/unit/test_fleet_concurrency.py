@@ -183,10 +183,11 @@ def test_a_timeout_when_nothing_answers_counts_toward_taking_the_endpoint_out() 
     assert aio.run(run()).endpoints[0].health.failures == 1
 
 
-def test_slow_starts_new_room_goes_out_at_the_share_per_latency() -> None:
+def test_slow_starts_new_room_goes_out_at_the_share_per_half_a_latency() -> None:
     state = LimitState(limit=256.0)
-    # 70 in flight, 64 shown taken: the 6 beyond go at 256 a second over 1 s answers
-    assert limits.growth_pace(state, in_flight=70, proven=64.0, share=256, latency_s=1.0) == 256.0
+    assert limits.SLOW_START_SPREAD == 0.5
+    # 70 in flight, 64 shown taken: the 6 beyond go at 256 per half second over 1 s answers
+    assert limits.growth_pace(state, in_flight=70, proven=64.0, share=256, latency_s=1.0) == 512.0
     assert limits.growth_pace(state, in_flight=64, proven=64.0, share=256, latency_s=1.0) is None
     # past slow start: additive increase adds a few a round, no pace
     done = LimitState(limit=256.0, ssthresh=100.0)

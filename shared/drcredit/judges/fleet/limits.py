@@ -52,6 +52,12 @@ INITIAL_LIMIT = 64.0
 #: eighteenth round). Starting higher instead sent an unknown slow replica, or a small
 #: quota, a whole first wave.
 SLOW_START_GAIN = 3.0
+#: Slow start's new room goes out over this fraction of a round (:func:`growth_pace`). A
+#: 429 comes back in a round trip, not a judge latency, so half a round still stops the
+#: growth at an unstated quota's first refusal; spread over a whole round it delayed the
+#: critical chains that missed the first 64 calls by up to a round, twice (a fresh
+#: deployment's first step 1.21x its bound, BENCHMARKS.md round 21).
+SLOW_START_SPREAD = 0.5
 #: Never fewer than this in flight (a limit of 0 could never learn again).
 MIN_LIMIT = 1.0
 #: Additive increase, in calls per round of answers, once past slow start.
@@ -179,11 +185,12 @@ def growth_pace(state: LimitState, in_flight: int, proven: float, share: int, la
     most it has answered at once, at least its part of the initial limit), in slow
     start (None: no pace). Slow start quadruples the limit per round, and
     the new room taken at once hit an unstated quota with a burst it refused whole (14%
-    of a first step's calls were 429s): the calls beyond go out spread over a round, at
-    ``share / latency``, so that the first 429 stops them early."""
+    of a first step's calls were 429s): the calls beyond go out spread over
+    :data:`SLOW_START_SPREAD` of a round, at ``share / (spread x latency)``, so that the
+    first 429 stops them early."""
     if not state.slow_start or in_flight <= proven:
         return None
-    return share / max(latency_s, 1e-3)
+    return share / max(SLOW_START_SPREAD * latency_s, 1e-3)
 
 
 def relearned(state: LimitState, before: float | None = None) -> LimitState:

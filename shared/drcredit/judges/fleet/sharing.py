@@ -147,8 +147,8 @@ class Sharing:
         e.sent.append(lease.sent_at)
 
     def _growth_wait(self, e: Endpoint) -> float:
-        """Slow start's new room on an endpoint with no known rate, spread over a round
-        (:func:`limits.growth_pace`); seconds this call waits."""
+        """Slow start's new room on an endpoint with no known rate, spread over half a
+        round (:func:`limits.growth_pace`); seconds this call waits."""
         proven = max(e.proven, limits.INITIAL_LIMIT * e.fraction)
         rate = limits.growth_pace(e.record.limit, e.in_flight, proven, e.share, e.pace(1.0))
         if rate is None:
