@@ -101,3 +101,71 @@ def test_a_timeout_under_load_lowers_the_limit_and_keeps_the_endpoint() -> None:
     # the limit the timeouts lowered and for the server to work through the abandoned
     # calls: fewer are lost than there are judgments.
     assert stats["abandoned"] < 54 + 64, stats
+
+
+def test_the_limit_follows_a_server_whose_slots_change() -> None:
+    """16 slots of 0.3 s, learnt from a first wave; the server comes back with 4 (another
+    ``--max-num-seqs``): the next waves' answers queue and the limit falls near 4; then
+    with 32: answers come back at the base while the endpoint is busy, and the limit
+    grows past what 4 slots needed."""
+    learned: dict[str, limits.LimitState] = {}
+    with queueing_judge(16, 0.3) as server:
+        judge = judge_of(server.url, timeout_s=30.0)
+        e = judge.fleet.endpoints[0]
+
+        async def run() -> list[JudgeResult[Any]]:
+            results: list[JudgeResult[Any]] = []
+            waves = [(None, 300), (4, 120), (None, 120), (32, 300), (None, 300), (None, 300)]
+            try:
+                for k, (slots, n) in enumerate(waves):
+                    if slots is not None:
+                        learned[f"before {slots}"] = e.record.limit
+                        server.set_slots(slots)
+                    calls = [judge.ajudge_visit(visit_request(prior=(f"point {k}-{i}",))) for i in range(n)]
+                    results += await asyncio.gather(*calls)
+            finally:
+                learned["end"] = e.record.limit
+                await judge.aclose()
+            return results
+
+        results = asyncio.run(run())
+        stats = server.stats()
+    assert all(r.status == "ok" for r in results), [a.error for r in results for a in r.attempts]
+    assert stats["abandoned"] == 0, stats
+    at_16, at_4, end = learned["before 4"], learned["before 32"], learned["end"]
+    assert at_16.queues and 12 <= (at_16.slots or 0) <= 24, at_16
+    # 4 slots: the answers read as about 4, and the limit falls well below what 16 had
+    # (from their estimate with its headroom it grows a few calls a round until the next
+    # late answers: 13 here, against 37).
+    assert 2.5 <= (at_4.slots or 0) <= 6 and at_4.limit < at_16.limit / 2, (at_16, at_4)
+    # 32 slots: it grows again, past twice what 4 slots needed.
+    assert end.limit >= 2 * at_4.limit, (at_4, end)
+
+
+def test_a_server_that_slows_by_itself_is_rebased_not_cut_to_nothing() -> None:
+    """16 slots of 0.2 s, learnt; then each call takes 0.6 s (other clients, longer
+    prompts). Answers to calls sent within the limit are still 3x the old base: the
+    first such verdict cuts (it looks like a queue), the next one, from calls sent
+    within the cut limit once the calls from before it are answered, says the server
+    itself slowed: the base is learnt again at about 0.6 s and the limit grows back,
+    instead of being cut a third at every verdict."""
+    with queueing_judge(16, 0.2) as server:
+        judge = judge_of(server.url, timeout_s=30.0)
+        e = judge.fleet.endpoints[0]
+        seen: dict[str, Any] = {}
+
+        def slower() -> None:
+            seen["limit"] = e.record.limit
+            server.set_service(0.6)
+
+        waves = asyncio.run(in_waves(judge, [300, 400, 400], lambda: None if "limit" in seen else slower()))
+        stats = server.stats()
+    results = [r for wave in waves for r in wave]
+    assert all(r.status == "ok" for r in results), [a.error for r in results for a in r.attempts]
+    assert stats["abandoned"] == 0, stats
+    before = seen["limit"]
+    assert before.queues and 12 <= (before.slots or 0) <= 24, before
+    # The base follows the slower server (rebased to its new pace, held there) ...
+    assert e.latency.base is not None and 0.45 <= e.latency.base <= 0.9, e.latency.base
+    # ... and the limit is still about the 16 slots, not a third of them.
+    assert e.record.limit.limit >= 12, e.record.limit

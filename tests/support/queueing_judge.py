@@ -4,8 +4,9 @@ It accepts every chat completion; ``--slots`` of them are served at once (each t
 ``--service`` seconds) and the others wait inside, first come first served. Nothing says
 how many slots it has (``/props`` and ``/v1/models`` are 404). A client that gave up
 does not stop the work: such answers are counted as abandoned. ``GET /stats`` gives the
-counts (``POST /reset``: from zero); ``POST /slots?n=N`` changes the slots (a server restarted with another
-``--max-num-seqs``, without restarting it).
+counts (``POST /reset``: from zero); ``POST /slots?n=N`` changes the slots (a server
+restarted with another ``--max-num-seqs``, without restarting it), ``POST /service?s=X``
+each call's time (other clients, longer prompts).
 
     python -m tests.support.queueing_judge --port P --slots 4 --service 0.25
 """
@@ -65,6 +66,10 @@ class Slots:
 
 
 def app(slots: Slots, service_s: float) -> Any:
+    #: Seconds a call takes in its slot (``POST /service?s=X``: a server slowed by other
+    #: clients or longer prompts, or sped up).
+    pace = {"service_s": service_s}
+
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
@@ -85,7 +90,7 @@ def app(slots: Slots, service_s: float) -> Any:
             slots.stats["requests"] += 1
             await slots.take()
             try:
-                await asyncio.sleep(service_s)
+                await asyncio.sleep(pace["service_s"])
             finally:
                 slots.give()
             watcher.cancel()
@@ -101,6 +106,10 @@ def app(slots: Slots, service_s: float) -> Any:
             slots.n = int(query["n"])
             slots.admit()
             status, body = 200, json.dumps({"slots": slots.n}).encode()
+        elif path == "/service":
+            query = dict(p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p)
+            pace["service_s"] = float(query["s"])
+            status, body = 200, json.dumps(pace).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -152,6 +161,9 @@ class QueueingJudge:
 
     def set_slots(self, n: int) -> None:
         httpx.post(self.root + f"/slots?n={n}", timeout=5).raise_for_status()
+
+    def set_service(self, seconds: float) -> None:
+        httpx.post(self.root + f"/service?s={seconds}", timeout=5).raise_for_status()
 
 
 @contextmanager
