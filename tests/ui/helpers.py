@@ -4,6 +4,7 @@ measuring where things are on a page (boxes in CSS pixels, as the browser lays t
 from __future__ import annotations
 
 import shutil
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -92,3 +93,11 @@ def boxes(page: Page, selector: str) -> list[Box]:
 
 def overlapping(items: list[Box]) -> list[tuple[Box, Box]]:
     return [(a, b) for i, a in enumerate(items) for b in items[i + 1 :] if a.overlaps(b)]
+
+
+def fixed(x: float, digits: int = 2) -> str:
+    """``x`` as the viewer shows it, JavaScript's ``Number.prototype.toFixed``: the exact
+    binary value rounded, a tie away from zero. Python's ``:.2f`` rounds a tie to even,
+    so 2.625 (exact in binary) is 2.62 there and 2.63 in the page."""
+    exact = Decimal(abs(x) if x == 0 else x)  # -0.0 shows as 0.00, as in the page
+    return str(exact.quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.ui.helpers import K1, K2, Service, api, open_page, ready, shot, use_key
+from tests.ui.helpers import K1, K2, Service, api, fixed, open_page, ready, shot, use_key
 
 
 def test_group_page_shows_the_documents_values(service: Service, page: Page) -> None:
@@ -30,7 +30,7 @@ def test_group_page_shows_the_documents_values(service: Service, page: Page) -> 
         for t in ra["turns"]:
             cell = page.locator(f'.cell[data-rollout="{ra["id"]}"][data-turn="{t["index"]}"]')
             assert float(cell.get_attribute("data-advantage") or "nan") == pytest.approx(t["advantage"])
-            assert f"{t['advantage']:.2f}" in cell.inner_text()
+            assert fixed(t["advantage"], 2) in cell.inner_text()
         # one track per positive rubric (R1, R2; not the penalty P), darkening with the history
         for rubric in ("R1", "R2"):
             points = rc["support_histories"].get(rubric, [])
@@ -97,8 +97,8 @@ def test_run_page_charts_and_sensitivity_table(service: Service, page: Page) -> 
         cells = rows.nth(k).locator("td").all_inner_texts()
         s = scenario["sensitivity"]
         bound = "" if scenario["exact"] else "≤"
-        assert cells[0] == scenario["name"] and cells[1] == f"{bound}{s['wasserstein_1']:.3f}"
-        assert cells[3].endswith(f"{100 * s['process_sign_agreement']:.1f}%")
+        assert cells[0] == scenario["name"] and cells[1] == f"{bound}{fixed(s['wasserstein_1'], 3)}"
+        assert cells[3].endswith(f"{fixed(100 * s['process_sign_agreement'], 1)}%")
     shot(page, "run-exp")
     page.click('#steps a:text("g3")')
     ready(page)
@@ -122,7 +122,7 @@ def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, p
         work["outcome_judge_tasks_per_trajectory"],
         work["scoring_latency_per_trajectory_s"],
     ]
-    assert cells[2:5] == [f"{x:.2f}" for x in figures]
+    assert cells[2:5] == [fixed(x, 2) for x in figures]
     usage_shown = [per["prompt_tokens"], per["cached_prompt_tokens"], per["completion_tokens"], per["cost_usd"]]
     for text, value in zip(cells[5:], [*usage_shown, work["usage"]["cost_usd"]], strict=True):
         assert shown(text) == pytest.approx(value, rel=1e-3, abs=0.05), text
@@ -143,7 +143,7 @@ def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, p
         assert shown(texts[11]) == pytest.approx(u["cost_usd"], rel=1e-3)
         assert shown(texts[12]) == pytest.approx(step["usage"]["cost_usd"], rel=1e-3)
         share = step["usage"]["cached_prompt_share"]
-        assert texts[13] == ("–" if share is None else f"{100 * share:.1f}%")
+        assert texts[13] == ("–" if share is None else f"{fixed(100 * share, 1)}%")
         assert shown(texts[14]) == step["usage"]["reused"]
     shot(page, "run-exp-usage")
 
@@ -155,7 +155,7 @@ def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, p
     expect(usage).to_contain_text(f"{adv['usage']['cached_prompt_tokens']:,} cached")
     share = usage.locator('[data-term="cached_share"]').get_attribute("data-value")
     assert float(share or "nan") == pytest.approx(adv["usage"]["cached_prompt_share"])
-    expect(usage).to_contain_text(f"{100 * adv['usage']['cached_prompt_share']:.1f}% of prompt tokens cached")
+    expect(usage).to_contain_text(f"{fixed(100 * adv['usage']['cached_prompt_share'], 1)}% of prompt tokens cached")
     cost = usage.locator('[data-term="cost"]').get_attribute("data-value")
     assert float(cost or "nan") == adv["usage"]["cost_usd"]
     # Each judgment: who answered it and its tokens (a visit of rollout a judged for R1 and R2).
@@ -171,7 +171,9 @@ def test_usage_and_cost_are_shown_where_the_numbers_are_read(service: Service, p
         )
         expect(lines.nth(k)).to_contain_text(f"{j['completion_tokens']:,} completion tokens")
         waited = sum(a["waited_s"] for a in j["attempts"])
-        expect(lines.nth(k)).to_contain_text(f"{j['latency_s']:.2f} s, {waited:.2f} s of it waiting its turn")
+        expect(lines.nth(k)).to_contain_text(
+            f"{fixed(j['latency_s'], 2)} s, {fixed(waited, 2)} s of it waiting its turn"
+        )
     page.click('.cell.outcome[data-rollout="b"]')
     b = adv["rollouts"][1]["usage"]
     expect(page.locator("#details [data-rollout-usage]")).to_contain_text(
@@ -239,7 +241,7 @@ def test_report_is_one_file_that_shows_the_same(service: Service, page: Page, tm
     assert workload[:3] == [
         str(run["workload"]["steps"]),
         str(run["workload"]["trajectories"]),
-        f"{run['workload']['process_judge_tasks_per_trajectory']:.2f}",
+        fixed(run["workload"]["process_judge_tasks_per_trajectory"], 2),
     ]
     assert workload[-2:] == ["–", "–"]
     tokens = page.evaluate("() => document.getElementById('chart-tokens').data[0].y")
