@@ -17,6 +17,7 @@ from playwright.sync_api import Locator, Page, expect
 
 from tests.ui.conftest import AUDITS
 from tests.ui.helpers import K1, K2, Service, api, boxes, open_page, overlapping, ready, shot
+from tests.ui.helpers import fixed as to_fixed
 
 KINDS = {
     "visit": "visit levels",
@@ -27,11 +28,11 @@ KINDS = {
 
 
 def pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}%"
+    return "–" if x is None else f"{to_fixed(100 * x, 1)}%"
 
 
 def fixed(x: float | None, digits: int = 3) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
+    return "–" if x is None else to_fixed(x, digits)
 
 
 def value_of(cell: Locator) -> float | None:
@@ -43,7 +44,7 @@ def signed(x: float | None) -> str:
     """A mean difference as the page writes it: its sign always, a true minus sign."""
     if x is None:
         return "–"
-    text = f"{abs(x):.3f}"
+    text = to_fixed(abs(x), 3)
     return ("−" if x < 0 and float(text) != 0 else "+") + text
 
 

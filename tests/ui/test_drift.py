@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from playwright.sync_api import Page, expect
 
-from tests.ui.helpers import Service, api, open_page, shot
+from tests.ui.helpers import Service, api, fixed, open_page, shot
 
 KINDS = ("visit", "report_rubric")
 
@@ -32,12 +32,12 @@ def test_run_page_shows_levels_and_drift_per_step(service: Service, page: Page) 
         for i, kind in enumerate(KINDS):
             levels, drift = step["judge_levels"][kind], step["drift"][kind]
             assert cells[1 + 3 * i] == str(levels["judgments"])
-            assert cells[2 + 3 * i] == " / ".join(f"{100 * v:.1f}%" for v in levels["shares"])
+            assert cells[2 + 3 * i] == " / ".join(f"{fixed(100 * v, 1)}%" for v in levels["shares"])
             shown = cells[3 + 3 * i]
             if drift["value"] is None:
                 assert shown == "–"
             else:
-                assert shown.startswith(f"{drift['value']:.3f}")
+                assert shown.startswith(f"{fixed(drift['value'], 3)}")
             assert ("flagged" in shown) == drift["flagged"]
         flagged = any(step["drift"][kind]["flagged"] for kind in KINDS)
         assert row.get_attribute("data-flagged") == ("true" if flagged else None)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.ui.helpers import Service, api, open_page, shot
+from tests.ui.helpers import Service, api, fixed, open_page, shot
 from tests.ui.scenarios import JUDGED_PARTS, JUDGED_REWARDS, WEIGHTS
 
 COMPONENTS = ("rubric", "format", "search", "cite", "length")
@@ -61,21 +61,21 @@ def test_the_outcome_cell_breaks_the_reward_into_its_parts(service: Service, pag
             row = details.locator(f'tr[data-component="{k}"]')
             value, weight, part = (row.locator("td").nth(i) for i in range(3))
             # the numbers shown are the document's, to 4 places, and carry its exact value
-            expect(value).to_have_text(f"{doc['components'][k]:.4f}")
+            expect(value).to_have_text(f"{fixed(doc['components'][k], 4)}")
             assert float(value.locator("span").get_attribute("data-value") or "nan") == doc["components"][k]
-            expect(weight).to_have_text(f"{WEIGHTS[k]:.2f}")
+            expect(weight).to_have_text(f"{fixed(WEIGHTS[k], 2)}")
             contribution = float(part.locator("span").get_attribute("data-value") or "nan")
             assert contribution == pytest.approx(WEIGHTS[k] * parts[k])
-            expect(part).to_have_text(f"{WEIGHTS[k] * doc['components'][k]:.4f}")
+            expect(part).to_have_text(f"{fixed(WEIGHTS[k] * doc['components'][k], 4)}")
             contributions.append(contribution)
         assert sum(contributions) == pytest.approx(doc["reward"], abs=1e-12)
-        expect(details.locator(".reward-parts tfoot td")).to_have_text(f"{doc['reward']:.4f}")
+        expect(details.locator(".reward-parts tfoot td")).to_have_text(f"{fixed(doc['reward'], 4)}")
         for name in ("r_id", "r_semantic"):
             line = details.locator(f'[data-part="{name}"]')
             assert doc[name] == pytest.approx(parts[name])
-            expect(line).to_contain_text(f"{name} {doc[name]:.4f}")
+            expect(line).to_contain_text(f"{name} {fixed(doc[name], 4)}")
             expect(line.locator(".why")).not_to_be_empty()
-        cite = f"cite {doc['components']['cite']:.4f} = 0.4 × {doc['r_id']:.4f} + 0.6 × {doc['r_semantic']:.4f}"
+        cite = f"cite {fixed(doc['components']['cite'], 4)} = 0.4 × {fixed(doc['r_id'], 4)} + 0.6 × {fixed(doc['r_semantic'], 4)}"
         expect(details.locator('[data-part="cite"]')).to_have_text(cite)
     # a: each rubric weighted (R1 2 x 4/4, R2 1 x 2/4, the penalty P -1 x 0/4) over the positive weights 3
     page.click('.cell.outcome[data-rollout="a"]')

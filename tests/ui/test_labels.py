@@ -17,7 +17,7 @@ import httpx
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support.builders import answer, group_doc, page, rollout, rubric, visit
-from tests.ui.helpers import K1, Service, api, ready, shot
+from tests.ui.helpers import K1, Service, api, fixed, ready, shot
 from tests.ui.test_audits import check_agreement, signed
 from tests.ui.test_explanations import assert_all_explained
 
@@ -212,8 +212,8 @@ def test_twenty_labels_in_a_row_by_keyboard_blind_with_skip_and_undo(service: Se
             figures = pair["agreement"]["visit"]
             assert rows.nth(k).locator("td").all_inner_texts()[2:] == [
                 str(figures["pairs"]),
-                f"{100 * figures['exact']:.1f}%",
-                "–" if figures["kappa"] is None else f"{figures['kappa']:.3f}",
+                f"{fixed(100 * figures['exact'], 1)}%",
+                "–" if figures["kappa"] is None else f"{fixed(figures['kappa'], 3)}",
                 signed(figures["bias"]),
             ]
         expect(article.locator(".audit-no-effect")).to_be_visible()
