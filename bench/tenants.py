@@ -40,7 +40,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
 
 import httpx
 import orjson
@@ -119,33 +119,57 @@ class Posted:
         return self
 
 
-class DemandSampler:
-    """Each tenant's demand across the deployment (calls waiting or in flight), read from
-    the processes' reports in the fleet's Redis every half second, with the time."""
+T = TypeVar("T")
 
-    def __init__(self, broker: str):
-        self.client = redis.Redis.from_url(broker)
-        self.samples: list[tuple[float, dict[str, int]]] = []
-        self.stop = threading.Event()
+
+class Sampler(Generic[T]):
+    """Reads something every ``period_s`` in a thread of its own while a phase runs."""
+
+    period_s = 1.0
+
+    def __init__(self) -> None:
+        self.samples: list[T] = []
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> DemandSampler:
+    def start(self) -> Self:
         self._thread.start()
         return self
 
-    def _run(self) -> None:
-        while not self.stop.wait(0.5):
-            demand: dict[str, int] = {}
-            for key in self.client.scan_iter("drcredit:judge:processes:*"):
-                for raw in self.client.hgetall(key).values():
-                    for tenant, n in orjson.loads(raw).get("tenants", {}).items():
-                        demand[tenant] = demand.get(tenant, 0) + int(n)
-            self.samples.append((time.time(), demand))
+    def read(self) -> T:
+        raise NotImplementedError
 
-    def finish(self) -> list[tuple[float, dict[str, int]]]:
-        self.stop.set()
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            with contextlib.suppress(httpx.HTTPError):
+                self.samples.append(self.read())
+
+    def stop(self) -> list[T]:
+        self._stop.set()
         self._thread.join()
         return self.samples
+
+
+class DemandSampler(Sampler[tuple[float, dict[str, int]]]):
+    """Each tenant's demand across the deployment (calls waiting or in flight), read from
+    the processes' reports in the fleet's Redis every half second, with the time."""
+
+    period_s = 0.5
+
+    def __init__(self, broker: str):
+        super().__init__()
+        self.client = redis.Redis.from_url(broker)
+
+    def read(self) -> tuple[float, dict[str, int]]:
+        demand: dict[str, int] = {}
+        for key in self.client.scan_iter("drcredit:judge:processes:*"):
+            for raw in self.client.hgetall(key).values():
+                for tenant, n in orjson.loads(raw).get("tenants", {}).items():
+                    demand[tenant] = demand.get(tenant, 0) + int(n)
+        return time.time(), demand
+
+    def finish(self) -> list[tuple[float, dict[str, int]]]:
+        return self.stop()
 
 
 def backlogged(samples: list[tuple[float, dict[str, int]]], parts: dict[str, float], start: float, end: float) -> bool:
@@ -195,30 +219,20 @@ def reset_peak(judge: str) -> None:
     httpx.post(f"{judge}/reset", timeout=5)
 
 
-class InFlightSampler:
+class InFlightSampler(Sampler[int]):
     """The calls the judge holds (in its slots or waiting for one), read every second
     while a phase runs: a limit that drifts above the slots shows as calls queued inside
     the judge for minutes."""
 
     def __init__(self, judge: str):
+        super().__init__()
         self.judge = judge
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> InFlightSampler:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            with contextlib.suppress(httpx.HTTPError):
-                self.samples.append(int(stats([self.judge])[0].get("open", 0)))
+    def read(self) -> int:
+        return int(stats([self.judge])[0].get("open", 0))
 
     def finish(self, slots: int) -> dict[str, Any]:
-        self._stop.set()
-        self._thread.join()
-        ordered = sorted(self.samples) or [0]
+        ordered = sorted(self.stop()) or [0]
         return {
             "median": statistics.median(ordered),
             "p90": ordered[int(0.9 * (len(ordered) - 1))],
