@@ -103,7 +103,12 @@ def measure(
     cached = sum(int(s.get("cached_prompt_tokens", 0)) for s in served)
     prefilled = sum(int(s.get("prefilled_tokens", 0)) for s in served)
     critical = max(critical_path_calls(step, run["credits"]), 1) * args.latency
-    busiest = max(int(s.get("required_prefilled_tokens", 0)) for s in served) * args.prefill_us_per_token / 1e6
+
+    def busiest_s(counter: str) -> float:
+        """The busiest replica's prefill of ``counter``'s tokens, in seconds."""
+        return max(int(s.get(counter, 0)) for s in served) * args.prefill_us_per_token / 1e6
+
+    busiest = busiest_s("required_prefilled_tokens")
     # Every call is its latency and its prefill in series, so the busiest replica's last
     # prefill is followed (or preceded) by at least one latency.
     bound = max(critical, busiest + args.latency)
@@ -112,9 +117,7 @@ def measure(
         "bound_s": round(bound, 2),
         "critical_path_s": critical,
         "busiest_prefill_s": round(busiest, 2),
-        "distinct_block_prefill_s": round(
-            max(int(s.get("distinct_prefilled_tokens", 0)) for s in served) * args.prefill_us_per_token / 1e6, 2
-        ),
+        "distinct_block_prefill_s": round(busiest_s("distinct_prefilled_tokens"), 2),
         "ratio_to_bound": round(run["wall_s"] / bound, 3),
         "requests": sum(int(s["requests"]) for s in served),
         "shares": [round(int(s["requests"]) / max(1, sum(int(x["requests"]) for x in served)), 3) for s in served],
