@@ -194,6 +194,13 @@ def main() -> None:
     )
     parser.add_argument("--tenant-window", type=float, default=60.0, help="tenants: budget window (s) for the test")
     parser.add_argument(
+        "--tenant-b-burst",
+        default=None,
+        metavar="WEIGHT,SECONDS",
+        help="tenants: give b a burst (its trainer's steps ahead of a's batch); b then rests SECONDS"
+        " between its step alone and its step beside a, as a trainer trains between steps",
+    )
+    parser.add_argument(
         "--tenant-learn-slots", action="store_true", help="tenants: do not declare the judge's slots (learn them)"
     )
     parser.add_argument("--seed", type=int, default=0)

@@ -8,7 +8,8 @@ and Redis, the judge's slots declared (``max_concurrency``; ``--tenant-learn-slo
 leaves them to the fleet's learning: a learned limit above the slots queues calls in
 the server, first come first served, where no share applies), every process with the
 same ``DRCREDIT_API_KEYS`` and ``DRCREDIT_TENANTS``
-(a, b weight 1; c weight 3, d weight 1; e and f a budget of one token a day, e refusing,
+(a, b weight 1, b with ``--tenant-b-burst`` a burst; c weight 3, d weight 1; e and f a
+budget of one token a day, e refusing,
 f waiting; budget windows of ``--tenant-window`` seconds). Each repeat measures:
 
 - ``alone``: tenant b's step alone (its wall time and the judge's peak calls in flight:
@@ -57,9 +58,11 @@ KEYS = {t: f"key-{t}" for t in "abcdef"}
 WINDOW_S = 10.0
 
 
-def tenants_setting() -> str:
+def tenants_setting(b_burst: tuple[float, float] | None = None) -> str:
+    """The bench's tenants; ``b_burst``: b's burst weight and seconds (none: weight 1 all along)."""
     return json.dumps(
         {
+            **({"b": {"burst": {"weight": b_burst[0], "seconds": b_burst[1]}}} if b_burst else {}),
             "c": {"weight": 3},
             "d": {"weight": 1},
             "e": {"budget": {"tokens_per_day": 1}},
@@ -267,6 +270,14 @@ def one_repeat(api: str, judge: str, db: str, args: argparse.Namespace, k: int) 
     return out
 
 
+def burst_of(args: argparse.Namespace) -> tuple[float, float] | None:
+    """``--tenant-b-burst WEIGHT,SECONDS``, or None."""
+    if not args.tenant_b_burst:
+        return None
+    weight, seconds = (float(x) for x in str(args.tenant_b_burst).split(","))
+    return weight, seconds
+
+
 def contended(api: str, judge: str, args: argparse.Namespace, k: int) -> dict[str, Any]:
     """B's step alone, then beside A's batch posted 2 s before it."""
     latency, slots = args.latency, args.judge_slots
@@ -281,6 +292,11 @@ def contended(api: str, judge: str, args: argparse.Namespace, k: int) -> dict[st
     if args.tenant_a_alone:
         a_alone = Posted(api, "a", step_of("a", args.tenant_a_groups, args.rollouts, 200 + k)).post().wait()
         out["a_alone_s"] = a_alone.wall_s
+    burst = burst_of(args)
+    out["b_burst"] = burst
+    if burst is not None:
+        # b's trainer trains between its two steps: its burst allowance comes back meanwhile.
+        time.sleep(burst[1])
     # contended: a's batch, b's step 2 s later (new content, the same shapes).
     before = stats([judge])[0]["requests"]
     sampler = InFlightSampler(judge).start()
@@ -357,7 +373,7 @@ def section_tenants(args: argparse.Namespace, results: dict[str, Any]) -> None:
                         [{"url": f"{judge}/v1", "max_concurrency": args.judge_slots}]
                     )
                 env["DRCREDIT_API_KEYS"] = ",".join(f"{t}:{key}" for t, key in KEYS.items())
-                env["DRCREDIT_TENANTS"] = tenants_setting()
+                env["DRCREDIT_TENANTS"] = tenants_setting(burst_of(args))
                 env["DRCREDIT_BUDGET_WINDOW_S"] = str(args.tenant_window)
                 api, _ = start_plain(stack, env, args.plain_workers)
                 for k in range(args.repeat):

@@ -138,7 +138,8 @@ class Settings(BaseSettings):
     drift_metrics_window_s: float = Field(3600.0, gt=0)
 
     # Tenants: shares of the judge fleet and budgets ---------------------------
-    #: Per tenant (the names of DRCREDIT_API_KEYS), JSON: weight, max_share, budget
+    #: Per tenant (the names of DRCREDIT_API_KEYS), JSON: weight, max_share, burst
+    #: {weight, seconds}, budget
     #: {tokens_per_day, tokens_per_month, usd_per_day, usd_per_month}, on_budget
     #: (refuse | wait), operator (its key reads every tenant's usage). Tenants not
     #: named: weight 1, no cap, no budget (drcredit.tenancy.policy).

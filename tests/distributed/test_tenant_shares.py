@@ -1,7 +1,8 @@
 """Fair shares of the judge across worker processes: two tenants with weights 3:1, both
 backlogged on a judge capped at 8 calls at once, served 75/25 however their groups fall
 on two visit workers (each process's part of the fleet follows its demand per tenant,
-shared in Redis); one tenant alone gets the whole fleet.
+shared in Redis); one tenant alone gets the whole fleet; a tenant with a burst holds its
+burst weight for its allowance's seconds, then its weight.
 
 A call's tenant is read at the judge from its group's question (each tenant's questions
 start with its name).
@@ -94,3 +95,44 @@ def test_weights_hold_across_worker_processes(tmp_path: Path, pg_url: str) -> No
         pace_shared = sum(1 for x in b_calls if start <= x < end) / (end - start)
         assert pace_alone > 2.5 * pace_shared, (pace_alone, pace_shared)
     assert usage["a"]["day"]["calls"] >= len(a_calls) and usage["b"]["day"]["calls"] >= len(b_calls)
+
+
+def test_a_bursting_tenant_holds_its_burst_weight_then_its_weight(tmp_path: Path, pg_url: str) -> None:
+    """b (weight 1, a burst of weight 7 for 5 s) posts 2 s after a (weight 1): b is
+    served 7/8 of the calls while its burst lasts, then half (both still backlogged)."""
+    tenants = '{"a": {"weight": 1}, "b": {"weight": 1, "burst": {"weight": 7, "seconds": 5}}}'
+    with running_judge(slow_marker(0.2)) as judge, redis_db() as broker:
+        fleet = json.dumps([{"url": judge.url, "max_concurrency": SLOTS}])
+        env = worker_env(pg_url, broker, fleet, judge_concurrency=1024, api_keys=KEYS, tenants=tenants)
+        workers = Workers(env, tmp_path)
+        try:
+            workers.start("visit_judge", 16)
+            workers.start("visit_judge", 16)
+            workers.start("snippet_matcher,credit_aggregator", 8)
+            with api_client(
+                pg_url, fleet, broker_url=broker, auto_migrate=False, api_keys=KEYS, tenants=tenants
+            ) as client:
+                posted = {}
+                for tenant in ("a", "b"):
+                    body = {"batch_id": f"burst-{tenant}", "groups": tenant_groups(tenant, 10)}
+                    posted[tenant] = time.monotonic()
+                    assert client.post("/v1/batches", json=body, headers=HEADERS[tenant]).status_code == 202
+                    if tenant == "a":
+                        time.sleep(2.0)
+                for tenant in ("a", "b"):
+                    r = client.get(
+                        f"/v1/batches/burst-{tenant}/advantages", params={"wait": 240}, headers=HEADERS[tenant]
+                    )
+                    assert r.status_code == 200, r.text
+        finally:
+            workers.stop_all()
+    last = {t: max(c.received_at for c in judge.calls if tenant_of_call(c) == t) for t in ("a", "b")}
+    b_posted = posted["b"]
+    # The burst: from b's first report (well under a second) to the end of its 5 s.
+    burst, n = served_share(judge, "b", b_posted + 1.0, b_posted + 4.5)
+    assert burst >= 0.72, f"b served {burst:.2f} of {n} calls in its burst (weight 7 of 8: 0.875)"
+    # Spent: an even split while both wait (from 2 s past its end to 2 s before either ends).
+    start, end = b_posted + 7.0, min(last.values()) - 2.0
+    assert end - start > 4, f"too short a stretch with both backlogged after the burst: {end - start:.1f}s"
+    even, n = served_share(judge, "b", start, end)
+    assert 0.35 <= even <= 0.65, f"b served {even:.2f} of {n} calls after its burst (weight 1 of 2)"

@@ -12,9 +12,10 @@ from pydantic import ValidationError
 
 from drcredit.domain.usage import JudgePrice, Usage
 from drcredit.settings import Settings
+from drcredit.tenancy.burst import BUSY_CHARGE_MAX_S, Bursts
 from drcredit.tenancy.fair import FairQueue, allocate, process_parts
 from drcredit.tenancy.owner import Owner
-from drcredit.tenancy.policy import TenantPolicy, parse_tenants
+from drcredit.tenancy.policy import Burst, TenantPolicy, parse_tenants
 from drcredit.tenancy.shares import Shares
 from drcredit.tenancy.windows import BudgetState, blocking, bounds, bucket, spent, states
 
@@ -167,6 +168,74 @@ def test_a_tenant_at_its_cap_may_not_start_a_call() -> None:
     assert shares.capped({"a": 16, "b": 40}) == frozenset({"a"})
 
 
+# ---------------------------------------------------------------------- bursts
+
+BURSTY = {"b": TenantPolicy(weight=1, burst=Burst(weight=7, seconds=10))}
+
+
+def _read(bursts: Bursts, demand: dict[str, float], start: float, end: float) -> dict[str, float]:
+    """Readings every half second from ``start`` to ``end`` (as the fleet's reports)."""
+    got: dict[str, float] = {}
+    for i in range(round((end - start) / 0.5) + 1):
+        got = bursts.weights(BURSTY, demand, start + 0.5 * i)
+    return got
+
+
+def test_a_tenant_that_was_idle_holds_its_burst_weight_while_its_allowance_lasts() -> None:
+    bursts = Bursts()
+    # b first seen with calls at t=100: the whole 10 s allowance, weight 7 (a has none: 1).
+    assert bursts.weights(BURSTY, {"a": 50, "b": 20}, 100.0) == {"a": 1.0, "b": 7.0}
+    # Busy from 100 to 109.5: 0.5 s left, still 7.
+    assert _read(bursts, {"a": 50, "b": 20}, 100.5, 109.5) == {"a": 1.0, "b": 7.0}
+    assert bursts.left("b") == pytest.approx(0.5)
+    # Busy to 110: spent: its weight, 1.
+    assert bursts.weights(BURSTY, {"a": 50, "b": 20}, 110.0) == {"a": 1.0, "b": 1.0}
+    assert bursts.left("b") == 0.0
+
+
+def test_the_allowance_comes_back_second_for_second_while_idle_up_to_its_seconds() -> None:
+    bursts = Bursts()
+    bursts.weights(BURSTY, {"b": 20}, 0.0)
+    bursts.weights(BURSTY, {"b": 0}, 4.0)  # busy 0-4 s: 6 left; idle from now
+    assert bursts.left("b") == pytest.approx(6.0)
+    bursts.weights(BURSTY, {}, 7.0)  # idle 3 s (not reported at all): 6 + 3 = 9
+    assert bursts.left("b") == pytest.approx(9.0)
+    # Idle 100 s more: capped at 10; busy again: weight 7.
+    assert bursts.weights(BURSTY, {"b": 5}, 107.0) == {"b": 7.0}
+    assert bursts.left("b") == pytest.approx(10.0)
+
+
+def test_a_tenant_busy_all_along_spends_its_burst_once() -> None:
+    bursts = Bursts()
+    got = [bursts.weights(BURSTY, {"b": 9}, float(t))["b"] for t in range(0, 40, 2)]
+    # Spent at 2 s a reading: 10 left at 0, 8, 6, 4, 2, then 0 from t=10 on.
+    assert got == [7.0] * 5 + [1.0] * 15
+
+
+def test_a_gap_between_readings_is_charged_busy_only_up_to_its_cap() -> None:
+    bursts = Bursts()
+    policies = {"b": TenantPolicy(burst=Burst(weight=4, seconds=60))}
+    for t in range(41):  # busy, read every second: 60 - 40 = 20 left
+        bursts.weights(policies, {"b": 3}, float(t))
+    assert bursts.left("b") == pytest.approx(20.0)
+    # Then no reading for 30 s: busy for the first 5 of them (the cap), idle for 25.
+    bursts.weights(policies, {"b": 3}, 70.0)
+    assert bursts.left("b") == pytest.approx(20.0 - BUSY_CHARGE_MAX_S + (30.0 - BUSY_CHARGE_MAX_S))
+
+
+def test_a_burst_weight_moves_the_fleets_parts_while_it_lasts() -> None:
+    # 64 places, a weight 1, b bursting at 7: 64 x 7/8 = 56 to b, 8 to a; once b's
+    # allowance is spent, 32 each.
+    clock = [0.0]
+    shares = Shares(BURSTY, clock=lambda: clock[0])
+    shares.divide({"a": 500, "b": 500}, {"a": 500, "b": 500}, 64, 1)
+    assert shares.parts is not None and shares.parts.tenants == {"a": 8.0, "b": 56.0}
+    for tick in range(1, 21):  # reports every half second for 10 s
+        clock[0] = tick * 0.5
+        shares.divide({"a": 500, "b": 500}, {"a": 500, "b": 500}, 64, 1)
+    assert shares.parts.tenants == {"a": 32.0, "b": 32.0}
+
+
 # ---------------------------------------------------------------------- windows and budgets
 
 
@@ -229,6 +298,9 @@ def test_policies_default_and_parse() -> None:
         ('{"a": {"budget": {"tokens_per_day": -1}}}', "DRCREDIT_TENANTS.a.budget.tokens_per_day"),
         ('{"a": {"budget": {"per_week": 1}}}', "DRCREDIT_TENANTS.a.budget.per_week"),
         ('{"a": {"on_budget": "later"}}', "DRCREDIT_TENANTS.a.on_budget"),
+        ('{"a": {"burst": {"weight": 4}}}', "DRCREDIT_TENANTS.a.burst.seconds"),
+        ('{"a": {"burst": {"weight": 0, "seconds": 30}}}', "DRCREDIT_TENANTS.a.burst.weight"),
+        ('{"a": {"burst": {"weight": 4, "seconds": 30, "every": 1}}}', "DRCREDIT_TENANTS.a.burst.every"),
         ('{"zed": {}}', "DRCREDIT_TENANTS.zed"),
         ("[1, 2]", "DRCREDIT_TENANTS"),
         ("{not json", "DRCREDIT_TENANTS"),

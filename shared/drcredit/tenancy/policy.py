@@ -1,4 +1,4 @@
-"""The operator's tenants (``DRCREDIT_TENANTS``): weight, largest share, budgets.
+"""The operator's tenants (``DRCREDIT_TENANTS``): weight, largest share, burst, budgets.
 
 A JSON object keyed by tenant (the names of ``DRCREDIT_API_KEYS``); every field is
 optional and a tenant not named gets :data:`DEFAULT_POLICY` (weight 1, no cap, no
@@ -36,6 +36,17 @@ class Budget(BaseModel):
         return {name: float(v) for name in BUDGETS if (v := getattr(self, name)) is not None}
 
 
+class Burst(BaseModel):
+    """A higher weight for the first seconds of each busy spell (:mod:`drcredit.tenancy.burst`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: The tenant's weight while its allowance lasts.
+    weight: float = Field(gt=0, allow_inf_nan=False)
+    #: The allowance: spent while the tenant has calls, earned back while it has none.
+    seconds: float = Field(gt=0, allow_inf_nan=False)
+
+
 class TenantPolicy(BaseModel):
     """One tenant's part of the judge fleet and what it may spend."""
 
@@ -45,6 +56,8 @@ class TenantPolicy(BaseModel):
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     #: The largest part of the fleet's capacity it may hold, even alone.
     max_share: float = Field(1.0, gt=0, le=1)
+    #: A higher weight for the first seconds of each busy spell (none: always ``weight``).
+    burst: Burst | None = None
     budget: Budget = Budget()
     #: A request past a budget: refused (429) or accepted and held until the window resets.
     on_budget: Literal["refuse", "wait"] = "refuse"

@@ -14,7 +14,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from drcredit.tenancy.fair import ProcessParts, allocate, process_parts
+from drcredit.tenancy.burst import Bursts
+from drcredit.tenancy.fair import ProcessParts, process_parts
 from drcredit.tenancy.policy import TenantPolicy, policy_of
 
 #: The window of the served-calls count each process reports (``share_last_minute``).
@@ -29,6 +30,9 @@ class Shares:
         self.parts: ProcessParts | None = None
         self._clock = clock
         self._served: deque[tuple[float, str]] = deque()
+        self.bursts = Bursts()
+        #: Each tenant's weight at the last report (its burst weight while that lasts).
+        self.weights: dict[str, float] = {}
 
     def policy(self, tenant: str) -> TenantPolicy:
         return policy_of(self.policies, tenant)
@@ -36,32 +40,29 @@ class Shares:
     def divide(self, own: Mapping[str, int], fleet: Mapping[str, int], capacity: float, processes: int) -> float:
         """This process's fraction of every endpoint's limit; keeps the tenants' parts."""
         tenants = set(fleet)
+        self.weights = self.bursts.weights(self.policies, {t: float(n) for t, n in fleet.items()}, self._clock())
         self.parts = process_parts(
             {t: float(own.get(t, 0)) for t in tenants},
             {t: float(n) for t, n in fleet.items()},
-            {t: self.policy(t).weight for t in tenants},
+            self.weights,
             {t: self.policy(t).max_share for t in tenants},
             capacity,
             processes,
         )
         return self.parts.fraction
 
-    def fleet_parts(self, fleet: Mapping[str, int], capacity: float) -> dict[str, float]:
-        """Each tenant's part of the whole fleet (capacity units), for the metrics."""
-        caps = {t: self.policy(t).max_share * capacity for t in fleet if self.policy(t).max_share < 1}
-        return allocate(
-            {t: float(n) for t, n in fleet.items()}, {t: self.policy(t).weight for t in fleet}, caps, capacity
-        )
-
     def weight(self, tenant: str) -> float:
         """A tenant's weight among this process's waiting calls: its part here once the
-        fleet has reported its demand, else its configured weight on the same scale."""
+        fleet has reported its demand, else its weight on the same scale."""
         parts = self.parts.tenants if self.parts is not None else {}
         if tenant in parts and parts[tenant] > 0:
             return parts[tenant]
-        known = [(v, self.policy(t).weight) for t, v in parts.items() if v > 0]
+        known = [(v, self._weight(t)) for t, v in parts.items() if v > 0]
         scale = sum(v for v, _ in known) / sum(w for _, w in known) if known else 1.0
-        return self.policy(tenant).weight * scale
+        return self._weight(tenant) * scale
+
+    def _weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, self.policy(tenant).weight)
 
     def capped(self, in_flight: Mapping[str, int]) -> frozenset[str]:
         """Tenants at their ``max_share`` cap in this process: none of their calls may start."""
