@@ -198,10 +198,6 @@ class Simulator:
         kind = kind_of(doc)
         self.stats["requests"] += 1
         self.stats[kind] += 1
-        if body.get("priority") and (self.prefix is None or self.prefix.lane.order is None):
-            # As vLLM answers a priority it was not started to honour.
-            message = f"Got priority {body['priority']} but Priority scheduling is not enabled."
-            return 400, orjson.dumps({"error": {"message": message, "type": "BadRequestError"}}), quota
         if self.error_rate and self.rng.random() < self.error_rate:
             self.stats["errors"] += 1
             return 500, orjson.dumps({"error": {"message": "simulated failure"}}), quota
@@ -232,8 +228,7 @@ class Simulator:
                 self.slots.release()
         answer = orjson.dumps(ANSWERS[kind](doc)).decode()
         prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
-        priority = int(body.get("priority") or 0)
-        cached = await self.prefix.prefill(body["messages"], prompt_tokens, priority) if self.prefix is not None else 0
+        cached = await self.prefix.prefill(body["messages"], prompt_tokens) if self.prefix is not None else 0
         completion_tokens = len(answer) // 4
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens

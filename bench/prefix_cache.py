@@ -11,10 +11,6 @@ characters (256 by default), and tokens are characters // 4, as the simulator co
 Prefill costs ``prefill_s_per_token`` seconds per uncached token, and one replica
 prefills one request at a time (its compute is shared: concurrent prefills queue), so an
 uncached page sent eight times costs eight times the time, and a cached one nearly none.
-The queue is first come first served, or with ``--priority`` ordered by each request's
-``priority`` as vLLM's (``lower-first``) or SGLang's (``higher-first``) priority
-scheduling orders theirs; a request carrying a priority to a replica without
-``--priority`` is refused, as vLLM refuses it.
 A request looks the cache up when its prefill starts, so a prefix counts as cached only
 after some request has prefilled it.
 
@@ -25,12 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
-import heapq
-import itertools
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from typing import Any
 
 CHARS_PER_TOKEN = 4
@@ -41,59 +33,10 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
     return "".join(f"<|{m.get('role', '')}|>{m.get('content') or ''}<|end|>" for m in messages)
 
 
-class Lane:
-    """One replica's prefill compute: one request at a time, the others waiting in
-    arrival order, or by priority (``order``: ``lower-first`` or ``higher-first``)
-    with arrival order among equals."""
-
-    def __init__(self, order: str | None = None):
-        self.order = order
-        self._busy = False
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._arrivals = itertools.count()
-
-    @contextlib.asynccontextmanager
-    async def turn(self, priority: int = 0) -> AsyncIterator[None]:
-        if self._busy:
-            rank = 0 if self.order is None else priority if self.order == "lower-first" else -priority
-            handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            entry = (rank, next(self._arrivals), handed)
-            heapq.heappush(self._waiting, entry)
-            try:
-                await handed
-            except asyncio.CancelledError:
-                if handed.done() and not handed.cancelled():
-                    self._hand_on()  # handed the lane as it was cancelled: pass it on
-                else:
-                    self._waiting.remove(entry)
-                    heapq.heapify(self._waiting)
-                raise
-        else:
-            self._busy = True
-        try:
-            yield
-        finally:
-            self._hand_on()
-
-    def _hand_on(self) -> None:
-        while self._waiting:
-            _, _, handed = heapq.heappop(self._waiting)
-            if not handed.done():
-                handed.set_result(None)
-                return
-        self._busy = False
-
-
 class PrefixCache:
     """One replica's cache of prompt blocks (LRU, bounded) and its prefill lane."""
 
-    def __init__(
-        self,
-        capacity_blocks: int,
-        block_chars: int = 256,
-        prefill_s_per_token: float = 0.0,
-        priority: str | None = None,
-    ):
+    def __init__(self, capacity_blocks: int, block_chars: int = 256, prefill_s_per_token: float = 0.0):
         self.capacity = capacity_blocks
         self.block_chars = block_chars
         self.prefill_s_per_token = prefill_s_per_token
@@ -102,7 +45,7 @@ class PrefixCache:
         self._seen: set[bytes] = set()
         #: ``required_prefilled_tokens``: those distinct blocks and every request's tail
         #: past its last full block (never cached: a call's own rubric and history end it).
-        self.lane = Lane(priority)
+        self._lane = asyncio.Lock()
         self.stats = {
             "cached_prompt_tokens": 0,
             "prefilled_tokens": 0,
@@ -136,7 +79,7 @@ class PrefixCache:
             self.stats["evicted_blocks"] += 1
         return cached_blocks * self.block_chars
 
-    async def prefill(self, messages: list[dict[str, Any]], prompt_tokens: int, priority: int = 0) -> int:
+    async def prefill(self, messages: list[dict[str, Any]], prompt_tokens: int) -> int:
         """Serve a request's prompt: its cached tokens, after the prefill of the rest.
 
         The cache is looked up when the request's turn in the prefill lane comes, not when
@@ -146,7 +89,7 @@ class PrefixCache:
         then finds the blocks would (SGLang's radix cache); a server that prefills both in
         one batch (vLLM) computes the shared blocks twice, which this does not model."""
         text = prompt_text(messages)
-        async with self.lane.turn(priority):
+        async with self._lane:
             cached = min(prompt_tokens, self.admit(text) // CHARS_PER_TOKEN)
             uncached = prompt_tokens - cached
             self.stats["cached_prompt_tokens"] += cached
@@ -167,17 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--prefix-block-chars", type=int, default=256)
     parser.add_argument("--prefill-us-per-token", type=float, default=0.0, help="prefill time per uncached token")
-    parser.add_argument(
-        "--priority",
-        choices=("lower-first", "higher-first"),
-        default=None,
-        help="order the prefill queue by the requests' priority (vLLM: lower-first; SGLang: higher-first)",
-    )
 
 
 def from_args(args: argparse.Namespace) -> PrefixCache | None:
     if args.prefix_cache_blocks <= 0:
         return None
-    return PrefixCache(
-        args.prefix_cache_blocks, args.prefix_block_chars, args.prefill_us_per_token / 1e6, args.priority
-    )
+    return PrefixCache(args.prefix_cache_blocks, args.prefix_block_chars, args.prefill_us_per_token / 1e6)

@@ -10,9 +10,6 @@ posts a step of fresh content (its own seed: nothing in it was asked before) and
 
 - the cached share of the prompt tokens the replicas served, and the tokens each
   trajectory made them prefill;
-- with ``--priority``, replicas that order their prefill queue by each request's
-  priority (as vLLM's and SGLang's priority scheduling), declared so in the endpoints'
-  ``priority``: the platform sends each call's urgency;
 - the step's wall time against its bound: the longer of its critical path (the longest
   chain of dependent calls x the judge latency) and the busiest replica's prefill of
   what it had to prefill at least once (its distinct blocks, and each call's tail past
@@ -49,15 +46,7 @@ def judge_flags(args: argparse.Namespace) -> list[str]:
         str(args.cache_blocks),
         "--prefill-us-per-token",
         str(args.prefill_us_per_token),
-        *(["--priority", args.priority] if args.priority else []),
     ]
-
-
-def fleet_setting(judges: list[str], priority: str | None) -> str:
-    """``DRCREDIT_JUDGE_BASE_URL`` for the replicas (with ``priority`` declared, if any)."""
-    if priority is None:
-        return ",".join(f"{j}/v1" for j in judges)
-    return json.dumps([{"url": f"{j}/v1", "priority": priority} for j in judges])
 
 
 def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool) -> dict[str, Any]:
@@ -70,7 +59,7 @@ def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool
             redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
                 env = plain_env(judges[0], db, bench_redis())
-                env["DRCREDIT_JUDGE_BASE_URL"] = fleet_setting(judges, args.priority)
+                env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in judges)
                 env["DRCREDIT_JUDGE_PROMPT_LAYOUT"] = layout
                 env["DRCREDIT_JUDGE_REUSE"] = "tenant"  # the default: the repost measures the store
                 api, _ = start_plain(stack, env, args.workers)
@@ -160,12 +149,6 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cache-blocks", type=int, default=65536, help="blocks of 256 characters per replica")
     parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
-    parser.add_argument(
-        "--priority",
-        choices=("lower-first", "higher-first"),
-        default=None,
-        help="replicas that order their prefill queue by priority, declared so to the platform (vLLM, SGLang)",
-    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

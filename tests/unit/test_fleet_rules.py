@@ -53,15 +53,6 @@ def test_the_json_form_gives_keys_weights_and_caps_per_endpoint() -> None:
     )
 
 
-def test_a_declared_priority_order_sends_the_calls_urgency_in_the_servers_order() -> None:
-    vllm, sglang, plain = parse_endpoints(
-        '[{"url": "http://a/v1", "priority": "lower-first"}, {"url": "http://b/v1", "priority": "higher-first"},'
-        ' "http://c/v1"]'
-    )
-    # A call 7 calls from its chain's end: vLLM takes lower values first, SGLang higher.
-    assert (vllm.priority_of(7), sglang.priority_of(7), plain.priority_of(7)) == (-7, 7, None)
-
-
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -72,10 +63,6 @@ def test_a_declared_priority_order_sends_the_calls_urgency_in_the_servers_order(
         ('[{"url": "http://a/v1", "weight": 0}]', r"\[0\]\.weight: expected a number above 0, got 0"),
         ('[{"url": "http://a/v1", "max_concurrency": 1.5}]', r"\[0\]\.max_concurrency: expected an integer"),
         ('[{"weight": 1}]', r"\[0\]\.url: missing"),
-        (
-            '[{"url": "http://a/v1", "priority": "first"}]',
-            r"\[0\]\.priority: expected one of 'lower-first', 'higher-first', got 'first'",
-        ),
         ("[]", "non-empty JSON list"),
         ("[{", "not valid JSON"),
     ],

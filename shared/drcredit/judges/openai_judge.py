@@ -31,7 +31,7 @@ from drcredit.judges.context import MIN_ANSWER_TOKENS, TokenRatio, overflow_of, 
 from drcredit.judges.fleet.affinity import CALL_AFFINITY, affinity_key, slot_of
 from drcredit.judges.fleet.endpoints import EndpointConfig, parse_endpoints
 from drcredit.judges.fleet.rates import RateLimits, read_headers
-from drcredit.judges.fleet.router import CALL_PRIORITY, AllEndpointsDown, Endpoint, Fleet, Lease
+from drcredit.judges.fleet.router import AllEndpointsDown, Endpoint, Fleet, Lease
 from drcredit.judges.fleet.store import FleetStore
 from drcredit.judges.fleet.transport import ConnectPacer, http_client, turn_waits
 from drcredit.judges.openai_wire import (
@@ -285,14 +285,7 @@ class OpenAIJudge(Judge):
                         raw, headers = await post_chat(
                             self._client(config),
                             config,
-                            self._body(
-                                messages,
-                                plan.temperature,
-                                max_tokens,
-                                wanted_format,
-                                slot,
-                                config.priority_of(CALL_PRIORITY.get()),
-                            ),
+                            self._body(messages, plan.temperature, max_tokens, wanted_format, slot),
                             self.timeout_s,
                         )
                 finally:
@@ -349,7 +342,6 @@ class OpenAIJudge(Judge):
         max_tokens: int,
         wanted_format: dict[str, Any] | None,
         slot: int | None = None,
-        priority: int | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
@@ -363,9 +355,6 @@ class OpenAIJudge(Judge):
             # llama.cpp: the slot whose prompt cache holds this call's shared prefix.
             body["id_slot"] = slot
             body["cache_prompt"] = True
-        if priority is not None:
-            # vLLM's and SGLang's priority scheduling: the chain's urgency in the server's queue.
-            body["priority"] = priority
         body.update(self.extra_body)
         return body
 

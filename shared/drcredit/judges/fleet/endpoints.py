@@ -10,28 +10,20 @@ JSON list of objects, one per endpoint, for what differs between them::
 ``weight`` scales an endpoint's share when several have room (a replica on twice the
 hardware); ``max_concurrency`` caps what the platform learns for it (a server with a
 known slot count); ``context_tokens`` fixes its context window when the server does not
-report one; ``priority`` sends each call's urgency (the calls its chain still has to
-make) as the request's ``priority``, for a server that orders its own queue by it:
-``"lower-first"`` for vLLM started with ``--scheduling-policy priority``,
-``"higher-first"`` for SGLang with ``--enable-priority-scheduling``. Off by default: vLLM
-refuses a priority it was not started to honour. Every mistake is a :class:`ValueError`
-naming the entry and the field.
+report one. Every mistake is a :class:`ValueError` naming the entry and the field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
-_FIELDS = {"url", "api_key", "weight", "max_concurrency", "context_tokens", "priority"}
-
-PriorityOrder = Literal["lower-first", "higher-first"]
-PRIORITY_ORDERS: tuple[PriorityOrder, ...] = ("lower-first", "higher-first")
+_FIELDS = {"url", "api_key", "weight", "max_concurrency", "context_tokens"}
 
 
 @dataclass(frozen=True)
@@ -45,19 +37,10 @@ class EndpointConfig:
     max_concurrency: int | None = None
     #: The context window, when the server does not report it (None: ask the server).
     context_tokens: int | None = None
-    #: How the server orders its queue by a request's ``priority`` (None: send none).
-    priority: PriorityOrder | None = None
 
     @property
     def chat_url(self) -> str:
         return self.url + "/chat/completions"
-
-    def priority_of(self, urgency: int) -> int | None:
-        """The request's ``priority`` for a call ``urgency`` calls from its chain's end
-        (more: sooner), in the server's order; None where none is sent."""
-        if self.priority is None:
-            return None
-        return -urgency if self.priority == "lower-first" else urgency
 
 
 def parse_endpoints(value: str | None, setting: str = "DRCREDIT_JUDGE_BASE_URL") -> tuple[EndpointConfig, ...]:
@@ -99,7 +82,6 @@ def _from_json(text: str, setting: str) -> tuple[EndpointConfig, ...]:
                 weight=_positive(entry.get("weight", 1.0), f"{where}.weight", float),
                 max_concurrency=_optional_positive_int(entry.get("max_concurrency"), f"{where}.max_concurrency"),
                 context_tokens=_optional_positive_int(entry.get("context_tokens"), f"{where}.context_tokens"),
-                priority=_priority_order(entry.get("priority"), f"{where}.priority"),
             )
         )
     return _distinct(tuple(out), setting)
@@ -136,15 +118,6 @@ def _positive(value: Any, where: str, kind: type[float]) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"{where}: expected a number above 0, got {value!r}")
     return kind(value)
-
-
-def _priority_order(value: Any, where: str) -> PriorityOrder | None:
-    if value is None:
-        return None
-    for order in PRIORITY_ORDERS:
-        if value == order:
-            return order
-    raise ValueError(f"{where}: expected one of {', '.join(map(repr, PRIORITY_ORDERS))}, got {value!r}")
 
 
 def _optional_positive_int(value: Any, where: str) -> int | None:
