@@ -223,6 +223,15 @@ def test_a_gap_between_readings_is_charged_busy_only_up_to_its_cap() -> None:
     assert bursts.left("b") == pytest.approx(20.0 - BUSY_CHARGE_MAX_S + (30.0 - BUSY_CHARGE_MAX_S))
 
 
+def test_a_bursting_tenant_arriving_between_reports_is_ordered_at_its_burst_weight() -> None:
+    # a alone in the last report, 64 places all its own (weight 1: scale 64 per unit of
+    # weight); b's calls arrive before the next report: 7 x 64 in the fair order.
+    shares = Shares(BURSTY, clock=lambda: 0.0)
+    shares.divide({"a": 500}, {"a": 500}, 64, 1)
+    assert shares.weight("b") == 7 * 64.0
+    assert Shares({}, clock=lambda: 0.0).weight("b") == 1.0
+
+
 def test_a_burst_weight_moves_the_fleets_parts_while_it_lasts() -> None:
     # 64 places, a weight 1, b bursting at 7: 64 x 7/8 = 56 to b, 8 to a; once b's
     # allowance is spent, 32 each.

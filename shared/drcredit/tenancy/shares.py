@@ -62,7 +62,14 @@ class Shares:
         return self._weight(tenant) * scale
 
     def _weight(self, tenant: str) -> float:
-        return self.weights.get(tenant, self.policy(tenant).weight)
+        if tenant in self.weights:
+            return self.weights[tenant]
+        # Arrived since the last report: a burst it has allowance for applies at once.
+        policy = self.policy(tenant)
+        left = self.bursts.left(tenant)
+        if policy.burst is not None and (left is None or left > 0):
+            return policy.burst.weight
+        return policy.weight
 
     def capped(self, in_flight: Mapping[str, int]) -> frozenset[str]:
         """Tenants at their ``max_share`` cap in this process: none of their calls may start."""
