@@ -57,6 +57,14 @@ def create_app(
             log.warning(
                 "no API keys configured (DRCREDIT_API_KEYS): the API is OPEN to anyone who can reach it; local use only"
             )
+            unused = sorted(t for t in settings.tenants if t != OPEN_TENANT)
+            if unused:
+                log.warning(
+                    "DRCREDIT_TENANTS names %s, but without DRCREDIT_API_KEYS every request is tenant %r:"
+                    " those policies apply to no group posted here",
+                    ", ".join(unused),
+                    OPEN_TENANT,
+                )
         log.info(
             "drcredit API ready: judge=%s model=%s database=%s execution=%s",
             runtime.judge.backend,

@@ -17,6 +17,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -174,3 +175,22 @@ def test_the_sdk_wait_says_a_group_waits_for_its_budget() -> None:
         assert "2026-11-27T00:00:00+00:00" in str(exc)
     else:
         raise AssertionError("the deadline passed without a timeout")
+
+
+def test_policies_for_tenants_without_keys_are_warned_of_at_start(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without DRCREDIT_API_KEYS every request is tenant "public": policies naming other
+    tenants would apply to nothing, and the API says so when it starts."""
+    tenants = '{"trainer": {"weight": 3}, "public": {"weight": 1}}'
+    with (
+        caplog.at_level("WARNING", logger="drcredit.api"),
+        running_judge(fixed_usage) as judge,
+        api_client(database_url, judge.url, api_keys="", tenants=tenants) as c,
+    ):
+        assert c.get("/v1/usage").status_code == 200
+    warned = [r.getMessage() for r in caplog.records if "DRCREDIT_TENANTS names" in r.getMessage()]
+    assert warned == [
+        "DRCREDIT_TENANTS names trainer, but without DRCREDIT_API_KEYS every request is tenant 'public':"
+        " those policies apply to no group posted here"
+    ]

@@ -310,6 +310,7 @@ def test_policies_default_and_parse() -> None:
         ('{"a": {"burst": {"weight": 4}}}', "DRCREDIT_TENANTS.a.burst.seconds"),
         ('{"a": {"burst": {"weight": 0, "seconds": 30}}}', "DRCREDIT_TENANTS.a.burst.weight"),
         ('{"a": {"burst": {"weight": 4, "seconds": 30, "every": 1}}}', "DRCREDIT_TENANTS.a.burst.every"),
+        ('{"a": {"weight": 2, "burst": {"weight": 2, "seconds": 30}}}', "burst.weight 2 is not above weight 2"),
         ('{"zed": {}}', "DRCREDIT_TENANTS.zed"),
         ("[1, 2]", "DRCREDIT_TENANTS"),
         ("{not json", "DRCREDIT_TENANTS"),

@@ -11,7 +11,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 #: The setting the policies come from, named in every error about one.
 TENANTS_SETTING = "DRCREDIT_TENANTS"
@@ -64,6 +64,14 @@ class TenantPolicy(BaseModel):
     #: Its key also reads every tenant's usage (the deployment's operator).
     operator: bool = False
 
+    @model_validator(mode="after")
+    def _burst_raises(self) -> TenantPolicy:
+        if self.burst is not None and self.burst.weight <= self.weight:
+            raise ValueError(
+                f"burst.weight {self.burst.weight:g} is not above weight {self.weight:g} (a burst raises the weight)"
+            )
+        return self
+
 
 DEFAULT_POLICY = TenantPolicy()
 
@@ -99,7 +107,8 @@ def parse_tenants(raw: str | Mapping[str, Any] | None, known: Collection[str] | 
             where = ".".join(str(p) for p in first["loc"])
             got = first.get("input")
             raise ValueError(
-                f"{TENANTS_SETTING}.{tenant}{'.' + where if where else ''}: {first['msg']} (got {got!r})"
+                f"{TENANTS_SETTING}.{tenant}{'.' + where if where else ''}:"
+                f" {first['msg'].removeprefix('Value error, ')} (got {got!r})"
             ) from None
     return out
 
