@@ -110,6 +110,17 @@ def test_configuration_mistakes_are_one_line(
     one_error_line(run(tmp_path, *args, env=env), 2, *needles)
 
 
+def test_a_configuration_mistake_stays_one_line_on_a_narrow_terminal(tmp_path: Path) -> None:
+    """A log or a terminal 40 columns wide: the message is not wrapped, so the line the
+    docs quote can be searched for."""
+    env = {"COLUMNS": "40", "DRCREDIT_API_KEYS": "a:k1", "DRCREDIT_TENANTS": '{"a": {"burst": {"weight": 4}}}'}
+    one_error_line(
+        run(tmp_path, "serve", env=env),
+        2,
+        "error: invalid configuration: DRCREDIT_TENANTS.a.burst.seconds: Field required (got {'weight': 4})",
+    )
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [

@@ -49,7 +49,7 @@ audit_app = typer.Typer(
     cls=Group,
 )
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, whatever the width
 
 Url = Annotated[
     str,

@@ -130,7 +130,7 @@ def export(
         sys.stdout.write(text)
     else:
         Path(out).write_text(text, encoding="utf-8")
-        Console(stderr=True).print(f"wrote {len(labels):,} labels to {out}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"wrote {len(labels):,} labels to {out}", highlight=False)
 
 
 def _labels(client: DrCreditClient, group: list[str] | None, labeler: str | None) -> list[dict[str, Any]]:

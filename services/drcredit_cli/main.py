@@ -57,7 +57,7 @@ app.add_typer(db_app, name="db")
 app.add_typer(audit_app, name="audit")
 app.add_typer(labels_app, name="labels")
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, whatever the width
 
 #: Exit codes of ``drcredit score`` (and the other commands' start-up checks).
 EXIT_INPUT = 2  # bad input or configuration: one line says what to fix

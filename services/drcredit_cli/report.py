@@ -19,7 +19,7 @@ from drcredit.settings import Settings
 if TYPE_CHECKING:
     from drcredit_api.ui.report import Fetch
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, whatever the width
 
 
 def report(
