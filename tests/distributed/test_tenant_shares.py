@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from tests.distributed.test_distributed import redis_db, slow_marker, worker_env
 from tests.support.api import api_client
@@ -49,8 +52,10 @@ def served_share(judge: JudgeServer, tenant: str, start: float, end: float) -> t
     return (mine / len(calls) if calls else 0.0), len(calls)
 
 
-def test_weights_hold_across_worker_processes(tmp_path: Path, pg_url: str) -> None:
-    tenants = '{"a": {"weight": 3}, "b": {"weight": 1}}'
+@contextmanager
+def tenants_deployment(tmp_path: Path, pg_url: str, tenants: str) -> Iterator[tuple[JudgeServer, TestClient]]:
+    """A judge of SLOTS places answering in 0.2 s, two visit workers and one for the rest,
+    and the API, every process with the keys and ``tenants``: the judge and an API client."""
     with running_judge(slow_marker(0.2)) as judge, redis_db() as broker:
         fleet = json.dumps([{"url": judge.url, "max_concurrency": SLOTS}])
         env = worker_env(pg_url, broker, fleet, judge_concurrency=1024, api_keys=KEYS, tenants=tenants)
@@ -62,18 +67,22 @@ def test_weights_hold_across_worker_processes(tmp_path: Path, pg_url: str) -> No
             with api_client(
                 pg_url, fleet, broker_url=broker, auto_migrate=False, api_keys=KEYS, tenants=tenants
             ) as client:
-                posted = time.monotonic()
-                for tenant in ("a", "b"):
-                    body = {"batch_id": f"step-{tenant}", "groups": tenant_groups(tenant, 14)}
-                    assert client.post("/v1/batches", json=body, headers=HEADERS[tenant]).status_code == 202
-                for tenant in ("a", "b"):
-                    r = client.get(
-                        f"/v1/batches/step-{tenant}/advantages", params={"wait": 240}, headers=HEADERS[tenant]
-                    )
-                    assert r.status_code == 200, r.text
-                usage = {t: client.get("/v1/usage", headers=HEADERS[t]).json() for t in ("a", "b")}
+                yield judge, client
         finally:
             workers.stop_all()
+
+
+def test_weights_hold_across_worker_processes(tmp_path: Path, pg_url: str) -> None:
+    tenants = '{"a": {"weight": 3}, "b": {"weight": 1}}'
+    with tenants_deployment(tmp_path, pg_url, tenants) as (judge, client):
+        posted = time.monotonic()
+        for tenant in ("a", "b"):
+            body = {"batch_id": f"step-{tenant}", "groups": tenant_groups(tenant, 14)}
+            assert client.post("/v1/batches", json=body, headers=HEADERS[tenant]).status_code == 202
+        for tenant in ("a", "b"):
+            r = client.get(f"/v1/batches/step-{tenant}/advantages", params={"wait": 240}, headers=HEADERS[tenant])
+            assert r.status_code == 200, r.text
+        usage = {t: client.get("/v1/usage", headers=HEADERS[t]).json() for t in ("a", "b")}
     a_calls = [c.received_at for c in judge.calls if tenant_of_call(c) == "a"]
     b_calls = [c.received_at for c in judge.calls if tenant_of_call(c) == "b"]
     # Both backlogged from the first seconds until a's last calls: a's work is three
@@ -101,31 +110,17 @@ def test_a_bursting_tenant_holds_its_burst_weight_then_its_weight(tmp_path: Path
     """b (weight 1, a burst of weight 7 for 5 s) posts 2 s after a (weight 1): b is
     served 7/8 of the calls while its burst lasts, then half (both still backlogged)."""
     tenants = '{"a": {"weight": 1}, "b": {"weight": 1, "burst": {"weight": 7, "seconds": 5}}}'
-    with running_judge(slow_marker(0.2)) as judge, redis_db() as broker:
-        fleet = json.dumps([{"url": judge.url, "max_concurrency": SLOTS}])
-        env = worker_env(pg_url, broker, fleet, judge_concurrency=1024, api_keys=KEYS, tenants=tenants)
-        workers = Workers(env, tmp_path)
-        try:
-            workers.start("visit_judge", 16)
-            workers.start("visit_judge", 16)
-            workers.start("snippet_matcher,credit_aggregator", 8)
-            with api_client(
-                pg_url, fleet, broker_url=broker, auto_migrate=False, api_keys=KEYS, tenants=tenants
-            ) as client:
-                posted = {}
-                for tenant in ("a", "b"):
-                    body = {"batch_id": f"burst-{tenant}", "groups": tenant_groups(tenant, 10)}
-                    posted[tenant] = time.monotonic()
-                    assert client.post("/v1/batches", json=body, headers=HEADERS[tenant]).status_code == 202
-                    if tenant == "a":
-                        time.sleep(2.0)
-                for tenant in ("a", "b"):
-                    r = client.get(
-                        f"/v1/batches/burst-{tenant}/advantages", params={"wait": 240}, headers=HEADERS[tenant]
-                    )
-                    assert r.status_code == 200, r.text
-        finally:
-            workers.stop_all()
+    with tenants_deployment(tmp_path, pg_url, tenants) as (judge, client):
+        posted = {}
+        for tenant in ("a", "b"):
+            body = {"batch_id": f"burst-{tenant}", "groups": tenant_groups(tenant, 10)}
+            posted[tenant] = time.monotonic()
+            assert client.post("/v1/batches", json=body, headers=HEADERS[tenant]).status_code == 202
+            if tenant == "a":
+                time.sleep(2.0)
+        for tenant in ("a", "b"):
+            r = client.get(f"/v1/batches/burst-{tenant}/advantages", params={"wait": 240}, headers=HEADERS[tenant])
+            assert r.status_code == 200, r.text
     last = {t: max(c.received_at for c in judge.calls if tenant_of_call(c) == t) for t in ("a", "b")}
     b_posted = posted["b"]
     # The burst: from b's first report (well under a second) to the end of its 5 s.

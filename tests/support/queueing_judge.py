@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import httpx
 import uvicorn
@@ -78,6 +79,7 @@ def app(slots: Slots, service_s: float) -> Any:
             message = await receive()
             more = bool(message.get("more_body"))
         path, status, body = scope["path"], 404, b'{"error": {"message": "not found"}}'
+        query = dict(parse_qsl(scope["query_string"].decode()))
         if path.endswith("/chat/completions"):
             gone = asyncio.Event()
 
@@ -102,12 +104,10 @@ def app(slots: Slots, service_s: float) -> Any:
             slots.stats.update({k: 0 for k in slots.stats})
             status, body = 200, b"{}"
         elif path == "/slots":
-            query = dict(p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p)
             slots.n = int(query["n"])
             slots.admit()
             status, body = 200, json.dumps({"slots": slots.n}).encode()
         elif path == "/service":
-            query = dict(p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p)
             pace["service_s"] = float(query["s"])
             status, body = 200, json.dumps(pace).encode()
         await send(

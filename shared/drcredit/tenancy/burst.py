@@ -1,4 +1,4 @@
-"""A tenant's burst: a higher weight for the first seconds of each busy spell.
+"""A tenant's burst: a higher weight while an allowance of seconds lasts.
 
 Weights alone give a short job beside a long batch its weight's part and no more: a
 training step of 70 s that shares a 64-slot judge evenly with a batch takes twice as

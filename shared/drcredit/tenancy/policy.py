@@ -37,7 +37,7 @@ class Budget(BaseModel):
 
 
 class Burst(BaseModel):
-    """A higher weight for the first seconds of each busy spell (:mod:`drcredit.tenancy.burst`)."""
+    """A higher weight while an allowance of seconds lasts (:mod:`drcredit.tenancy.burst`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -56,7 +56,7 @@ class TenantPolicy(BaseModel):
     weight: float = Field(1.0, gt=0, allow_inf_nan=False)
     #: The largest part of the fleet's capacity it may hold, even alone.
     max_share: float = Field(1.0, gt=0, le=1)
-    #: A higher weight for the first seconds of each busy spell (none: always ``weight``).
+    #: A higher weight while its allowance lasts (none: always ``weight``).
     burst: Burst | None = None
     budget: Budget = Budget()
     #: A request past a budget: refused (429) or accepted and held until the window resets.

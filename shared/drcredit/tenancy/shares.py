@@ -39,13 +39,13 @@ class Shares:
 
     def divide(self, own: Mapping[str, int], fleet: Mapping[str, int], capacity: float, processes: int) -> float:
         """This process's fraction of every endpoint's limit; keeps the tenants' parts."""
-        tenants = set(fleet)
-        self.weights = self.bursts.weights(self.policies, {t: float(n) for t, n in fleet.items()}, self._clock())
+        demand = {t: float(n) for t, n in fleet.items()}
+        self.weights = self.bursts.weights(self.policies, demand, self._clock())
         self.parts = process_parts(
-            {t: float(own.get(t, 0)) for t in tenants},
-            {t: float(n) for t, n in fleet.items()},
+            {t: float(own.get(t, 0)) for t in demand},
+            demand,
             self.weights,
-            {t: self.policy(t).max_share for t in tenants},
+            {t: self.policy(t).max_share for t in demand},
             capacity,
             processes,
         )
