@@ -46,6 +46,8 @@ class PrefixCache:
         #: ``required_prefilled_tokens``: those distinct blocks and every request's tail
         #: past its last full block (never cached: a call's own rubric and history end it).
         self._lane = asyncio.Lock()
+        #: When the lane's last prefill ends, on the event loop's clock.
+        self._free_at = 0.0
         self.stats = {
             "cached_prompt_tokens": 0,
             "prefilled_tokens": 0,
@@ -89,13 +91,21 @@ class PrefixCache:
         then finds the blocks would (SGLang's radix cache); a server that prefills both in
         one batch (vLLM) computes the shared blocks twice, which this does not model."""
         text = prompt_text(messages)
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
         async with self._lane:
             cached = min(prompt_tokens, self.admit(text) // CHARS_PER_TOKEN)
             uncached = prompt_tokens - cached
             self.stats["cached_prompt_tokens"] += cached
             self.stats["prefilled_tokens"] += uncached
             if self.prefill_s_per_token > 0 and uncached > 0:
-                await asyncio.sleep(uncached * self.prefill_s_per_token)
+                # On the lane's own clock: this prefill starts when the previous one ended
+                # (or when it arrived, if the lane was idle), not when this process got
+                # round to it. Each sleep overshoots by the event loop's lag, and summed over
+                # a step's thousand prefills that made the lane 5% slower than its stated cost.
+                start = max(arrived, self._free_at)
+                self._free_at = start + uncached * self.prefill_s_per_token
+                await asyncio.sleep(max(0.0, self._free_at - loop.time()))
         return cached
 
     def reset(self) -> None:

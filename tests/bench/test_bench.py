@@ -307,3 +307,27 @@ def test_the_prefix_cache_counts_what_must_be_prefilled_at_least_once() -> None:
     assert cache.stats["distinct_prefilled_tokens"] == 2 * 64
     assert cache.stats["required_prefilled_tokens"] == 2 * 64 + 2 * (203 // 4)
     assert cache.stats["prefilled_tokens"] == 178 + (178 - 128)
+
+
+def test_the_prefill_lane_keeps_its_stated_cost_under_load() -> None:
+    """Fifty prompts sent at once through one lane: each is prefilled after the previous
+    one, on the lane's own schedule, so the last ends 50 x its cost after the first
+    began, however late the event loop woke each sleep (the sleeps' lag once added up
+    to 5% of a step's prefill)."""
+    import asyncio
+
+    from bench.prefix_cache import PrefixCache
+
+    cost_s, tokens, n = 1e-5, 100, 50  # 1 ms a prompt
+
+    async def run() -> tuple[float, float, float]:
+        cache = PrefixCache(capacity_blocks=4096, block_chars=256, prefill_s_per_token=cost_s)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        prompts = [[{"role": "user", "content": f"{i:04d}" * 100}] for i in range(n)]
+        await asyncio.gather(*(cache.prefill(p, tokens) for p in prompts))
+        return began, cache._free_at, loop.time()
+
+    began, last_end, finished = asyncio.run(run())
+    assert 0 <= last_end - n * tokens * cost_s - began < 0.01  # one after another from the first arrival
+    assert finished >= last_end  # and never two at once
