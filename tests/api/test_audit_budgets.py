@@ -7,9 +7,10 @@ positive rubrics, outcome rewards given) is scored with 6 visit calls: 600 promp
 completion tokens, 660 in all. A judge audit of it re-scores the same 6 visits: another 6
 calls and 660 tokens, so the tenant's day and month then read 12 calls and 1320 tokens.
 
-- counted: the audit's usage (its report's) is added to the tenant's day and month once,
-  when it ends; a budget between the two (1000 tokens) admits the audit and refuses the
-  next work. An audit that fails after its calls came back counts them too.
+- counted: the audit's usage (its report's) is added to the tenant's day and month once
+  (as its calls come back: ``test_audit_spend``); a budget between the two (1000 tokens)
+  admits the audit and refuses the next work. An audit that fails after its calls came
+  back counts them too.
 - refuse: past ``tokens_per_day`` a judge audit is a 429 naming the budget, what is
   used, its limit and its reset, with Retry-After; nothing is stored and the audit judge
   gets no call. An audit against people's labels calls no judge and is not refused.

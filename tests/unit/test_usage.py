@@ -112,3 +112,33 @@ def test_reused_judgments_add_no_tokens_and_the_cached_share_is_of_the_sums() ->
     assert doc["cost_usd"] == pytest.approx(445e-6)
     assert from_store.document(None)["cached_prompt_share"] is None  # no prompt tokens: no share
     assert from_store.document(JudgePrice(1.0, 0.1, 2.0))["cost_usd"] == 0.0
+
+
+def test_what_is_left_to_count_is_the_total_less_what_was_counted() -> None:
+    total = Usage(calls=5, judgments=4, prompt_tokens=900, completion_tokens=90, cached_prompt_tokens=300)
+    counted = Usage(calls=3, judgments=3, prompt_tokens=600, completion_tokens=60, cached_prompt_tokens=100)
+    assert total - counted == Usage(
+        calls=2, judgments=1, prompt_tokens=300, completion_tokens=30, cached_prompt_tokens=200
+    )
+    assert counted + (total - counted) == total
+
+
+def test_an_audits_spend_sums_each_answered_judgments_attempts() -> None:
+    """Two judgments: one answered at its second attempt (a 429, then 120 prompt tokens,
+    40 of them cached, and 12 completion tokens), one at its first (80 and 8): 3 calls,
+    2 judgments, 200 prompt, 40 cached and 20 completion tokens."""
+    from drcredit.audit.spend import AuditSpend, attempts_usage
+
+    retried = [
+        {"outcome": "rate_limited", "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0},
+        {"outcome": "ok", "prompt_tokens": 120, "completion_tokens": 12, "cached_tokens": 40},
+    ]
+    first = [{"outcome": "ok", "prompt_tokens": 80, "completion_tokens": 8, "cached_tokens": None}]
+    assert attempts_usage(retried) == Usage(calls=2, prompt_tokens=120, completion_tokens=12, cached_prompt_tokens=40)
+    spend = AuditSpend()
+    assert spend.total() == Usage()
+    spend.add(retried)
+    spend.add(first)
+    assert spend.total() == Usage(
+        calls=3, judgments=2, prompt_tokens=200, completion_tokens=20, cached_prompt_tokens=40
+    )

@@ -1,5 +1,5 @@
-"""Who runs an audit: its claim under a lease, the lease's renewal and return, and the
-sweep that sends a lost audit again.
+"""Who runs an audit: its claim under a lease, the lease's renewal (which also counts
+the run's spend: :mod:`.spend`) and return, and the sweep that sends a lost audit again.
 
 A queued audit held for its tenant's budget (``held_until`` set) is neither claimed nor
 swept: only the budget's release (:func:`drcredit.tenancy.budgets.release_due_audits`)
@@ -13,9 +13,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from drcredit.storage import models as m
-from drcredit.storage.database import Database
+from drcredit.storage.database import Database, rows_changed
 
 log = logging.getLogger("drcredit.audit")
 
@@ -46,13 +47,21 @@ def claim(db: Database, audit_pk: int, owner: str) -> bool:
         return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
-def renew(db: Database, audit_pk: int, owner: str) -> None:
+def renew(db: Database, audit_pk: int, owner: str, also: Callable[[Session], None] | None = None) -> bool:
+    """Renew ``owner``'s lease and, in the same transaction, do ``also`` (count the run's
+    spend: :mod:`.spend`); False, and ``also`` not done, when the lease is no longer
+    ``owner``'s."""
     with db.session() as s:
-        s.execute(
+        renewed = (
             update(m.Audit)
             .where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)
             .values(lease_expires_at=datetime.now(UTC) + timedelta(seconds=LEASE_S))
         )
+        if not rows_changed(s, renewed):
+            return False
+        if also is not None:
+            also(s)
+    return True
 
 
 def give_back(db: Database, audit_pk: int, owner: str) -> str:

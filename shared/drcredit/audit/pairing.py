@@ -1,6 +1,6 @@
 """A run's groups: each sampled group loaded with the original judge's side, paired with
 the audit judge's re-scoring, and what the run stores of it (judgments, advantages,
-usage), with the usage as the tenant's ledger counts it."""
+usage)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from drcredit.audit.report import Compared, Side
 from drcredit.audit.rescore import Rescored
+from drcredit.audit.spend import attempts_usage
 from drcredit.domain.advantages import group_advantages
 from drcredit.domain.credit import group_credits
 from drcredit.domain.group import GroupContent
@@ -116,27 +117,17 @@ def _advantages_json(result: Rescored) -> dict[str, Any]:
 
 def usage_json(results: list[Rescored], seconds: float | None) -> dict[str, Any]:
     """The report's ``usage``: every attempt's calls and tokens (``seconds``: the run's length)."""
-    attempts = [a for r in results for j in r.judgments for a in j.attempts]
+    total = Usage()
+    for r in results:
+        for j in r.judgments:
+            total = total + attempts_usage(j.attempts)
     usage: dict[str, Any] = {
-        "calls": len(attempts),
+        "calls": total.calls,
         "judgments": sum(1 for r in results for j in r.judgments if not j.reused),
-        "prompt_tokens": sum(int(a.get("prompt_tokens") or 0) for a in attempts),
-        "completion_tokens": sum(int(a.get("completion_tokens") or 0) for a in attempts),
-        "cached_prompt_tokens": sum(int(a.get("cached_tokens") or 0) for a in attempts),
+        "prompt_tokens": total.prompt_tokens,
+        "completion_tokens": total.completion_tokens,
+        "cached_prompt_tokens": total.cached_prompt_tokens,
     }
     if seconds is not None:
         usage["seconds"] = round(seconds, 3)
     return usage
-
-
-def ledger_usage(usage: dict[str, Any]) -> Usage:
-    """An audit's ``usage`` (its report's) as the tenant's ledger counts it: calls,
-    judgments and tokens (an audit has no estimated tokens and no answers from the
-    tenant's store of earlier ones)."""
-    return Usage(
-        calls=int(usage.get("calls") or 0),
-        judgments=int(usage.get("judgments") or 0),
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        cached_prompt_tokens=int(usage.get("cached_prompt_tokens") or 0),
-    )

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from drcredit.audit.spend import AuditSpend
 from drcredit.domain.advantages import GroupAdvantages, group_advantages
 from drcredit.domain.credit import Judgments, group_credits, plan_rollout, snippet_decision, visit_credit
 from drcredit.domain.group import GroupContent, Rollout, VisitTurn
@@ -83,9 +84,10 @@ class Rescored:
 class _Asker:
     """Asks the audit judge, each distinct request of the group once."""
 
-    def __init__(self, judge: Judge, slots: PrioritySlots):
+    def __init__(self, judge: Judge, slots: PrioritySlots, spend: AuditSpend | None):
         self.judge = judge
         self.slots = slots
+        self.spend = spend
         self._asked: dict[str, asyncio.Future[JudgeResult[Any]]] = {}
 
     async def ask(
@@ -105,6 +107,8 @@ class _Asker:
             future.set_exception(exc)
             future.exception()  # retrieved: the waiters see it
             raise
+        if self.spend is not None:
+            self.spend.add(vars(a) for a in result.attempts)
         future.set_result(result)
         return result, False
 
@@ -126,10 +130,17 @@ def _record(
     )
 
 
-async def rescore(judge: Judge, slots: PrioritySlots, content: GroupContent, params: ScoringParams) -> Rescored:
-    """Score ``content`` under ``params`` with ``judge``. Raises what the judge raises
-    when it cannot be reached past its outage deadline."""
-    asker = _Asker(judge, slots)
+async def rescore(
+    judge: Judge,
+    slots: PrioritySlots,
+    content: GroupContent,
+    params: ScoringParams,
+    spend: AuditSpend | None = None,
+) -> Rescored:
+    """Score ``content`` under ``params`` with ``judge``, adding each call's usage to
+    ``spend`` as it is answered. Raises what the judge raises when it cannot be reached
+    past its outage deadline."""
+    asker = _Asker(judge, slots, spend)
     rollouts = await asyncio.gather(*(_rollout(asker, content, r, params) for r in content.rollouts))
     records = [j for made in rollouts for j in made]
     levels: dict[tuple[str, int, str], int] = {}

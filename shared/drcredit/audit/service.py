@@ -9,8 +9,9 @@ the budget's reset (:mod:`drcredit.tenancy.budgets`), not before.
 Running one claims it under a lease (renewed while it runs, so a lost worker's audit is
 run again: :mod:`.leases`), re-scores the sampled groups with the audit judge on the
 process's engine, pairs them with the stored originals (:mod:`.pairing`) and stores the
-audit's groups and its report in one transaction, with its judge usage added to the
-tenant's ledger (it counts in the budgets like a group's). A judge that stays unreachable, or any other error, fails the audit
+audit's groups and its report in one transaction. Its judge usage is added to the
+tenant's ledger as its calls come back (:mod:`.spend`; it counts in the budgets like a
+group's). A judge that stays unreachable, or any other error, fails the audit
 with the reason; the training groups are only ever read.
 """
 
@@ -34,13 +35,15 @@ from drcredit.audit.judges import AuditJudges
 from drcredit.audit.labels.compare import human_report
 from drcredit.audit.labels.queue import scoped_groups
 from drcredit.audit.labels.store import group_originals, labels_of
-from drcredit.audit.leases import LEASE_S, claim, give_back, renew
-from drcredit.audit.pairing import compare, ledger_usage, load_group, usage_json
+from drcredit.audit.leases import claim, give_back
+from drcredit.audit.pairing import compare, load_group, usage_json
 from drcredit.audit.report import build_report, with_bias
 from drcredit.audit.rescore import Rescored, rescore
 from drcredit.audit.sampling import groups_in_scope, sample
 from drcredit.audit.schemas import HUMAN, AuditRequest
+from drcredit.audit.spend import COUNT_EVERY_S, AuditSpend, count
 from drcredit.domain.errors import FieldError, InvalidInput
+from drcredit.domain.usage import Usage
 from drcredit.scoring.engine import Engine
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.scoring.intake.content import params_of
@@ -249,17 +252,29 @@ def run(
     given back, and the next start (embedded) or sweep (workers) runs it again from the
     start, rather than it holding the process's shutdown or failing.
 
-    Its judge usage is added to the tenant's ledger (at the bucket of its end; test
-    windows: ``budget_window_s``) in the transaction that ends it, so it counts once. A
-    failed audit counts the calls whose results came back; calls cut short by the failure
-    (a judge that stayed unreachable, an error inside the re-scoring) or by a stop are not
-    counted, their results being lost with it."""
+    Its judge usage is added to the tenant's ledger as its calls come back
+    (:mod:`.spend`: every :data:`~.spend.COUNT_EVERY_S`, with the lease's renewal, at the
+    bucket of then; test windows: ``budget_window_s``) and the rest in the transaction
+    that ends it, so each call counts once. A stopped, lost or failed run's calls count
+    too: they were made."""
     owner = f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
     if not claim(db, audit_pk, owner):
         return "taken"
     started = time.monotonic()
     tenant = ""
-    results: list[Rescored] | None = None
+    spend = AuditSpend()
+    counted = Usage()
+
+    def count_spend() -> bool:
+        """Count what was spent since the last count (and renew the lease); False when
+        the lease is no longer this run's."""
+        nonlocal counted
+        total = spend.total()
+        if not count(db, audit_pk, owner, tenant, total - counted, budget_window_s):
+            return False
+        counted = total
+        return True
+
     try:
         with db.session() as s:
             row = s.get(m.Audit, audit_pk)
@@ -276,24 +291,26 @@ def run(
             CALL_OWNER.set(Owner(tenant, str((row_scope or {}).get("run") or ""), audit=True))
             return list(
                 await asyncio.gather(
-                    *(rescore(judge, engine.judge_slots, content, params) for _, content, params, _ in loaded)
+                    *(rescore(judge, engine.judge_slots, content, params, spend) for _, content, params, _ in loaded)
                 )
             )
 
         future = engine.submit(all_groups())
-        renew_at = time.monotonic() + LEASE_S / 4
+        count_at = time.monotonic() + COUNT_EVERY_S
         while True:
             try:
-                results = future.result(timeout=STOP_POLL_S if stop is not None else LEASE_S / 4)
+                results = future.result(timeout=STOP_POLL_S if stop is not None else COUNT_EVERY_S)
                 break
             except FutureTimeout:
                 if stop is not None and stop.is_set():
                     future.cancel()
+                    count_spend()
                     return give_back(db, audit_pk, owner)
-                if time.monotonic() >= renew_at:
-                    renew(db, audit_pk, owner)
-                    renew_at = time.monotonic() + LEASE_S / 4
+                if time.monotonic() >= count_at:
+                    count_spend()
+                    count_at = time.monotonic() + COUNT_EVERY_S
             except FutureCancelled:  # the engine closed with the audit's calls on it
+                count_spend()
                 return give_back(db, audit_pk, owner)
         seconds = time.monotonic() - started
         compared, stored = compare(loaded, results)
@@ -305,7 +322,7 @@ def run(
             now = datetime.now(UTC)
             done = update(m.Audit).where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)
             if rows_changed(s, done.values(status="done", report=report, finished_at=now, lease_expires_at=None)):
-                add_tenant_usage(s, tenant, bucket(now, budget_window_s), ledger_usage(report["usage"]))
+                add_tenant_usage(s, tenant, bucket(now, budget_window_s), spend.total() - counted)
         return "done"
     except Exception as exc:  # noqa: BLE001 - whatever stops an audit fails it, with the reason
         reason = f"{type(exc).__name__}: {exc}" if not str(exc).startswith("judge ") else str(exc)
@@ -313,10 +330,9 @@ def run(
         with db.session() as s:
             now = datetime.now(UTC)
             failed = update(m.Audit).values(status="failed", error=reason, finished_at=now, lease_expires_at=None)
-            # Still this run's: its calls that came back count, once.
+            # Still this run's: the calls it made and has not counted yet count, once.
             if rows_changed(s, failed.where(m.Audit.id == audit_pk, m.Audit.lease_owner == owner)):
-                if results is not None:
-                    add_tenant_usage(s, tenant, bucket(now, budget_window_s), ledger_usage(usage_json(results, None)))
+                add_tenant_usage(s, tenant, bucket(now, budget_window_s), spend.total() - counted)
             else:
                 s.execute(failed.where(m.Audit.id == audit_pk))
         return "failed"

@@ -72,6 +72,9 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         return Usage(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(Usage)))
 
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(Usage)))
+
     def cost_usd(self, price: JudgePrice | None) -> float | None:
         """(uncached prompt x in + cached x cached + completion x out) / 1e6; None without a price."""
         if price is None:
