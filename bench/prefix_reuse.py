@@ -49,6 +49,14 @@ def judge_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def fleet_setting(judges: list[str], max_concurrency: int | None) -> str:
+    """``DRCREDIT_JUDGE_BASE_URL`` for the replicas, each capped at ``max_concurrency``
+    calls in flight when one is given (the operator's cap; else the fleet learns a limit)."""
+    if max_concurrency is None:
+        return ",".join(f"{j}/v1" for j in judges)
+    return json.dumps([{"url": f"{j}/v1", "max_concurrency": max_concurrency} for j in judges])
+
+
 def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     again: dict[str, Any] | None = None
@@ -59,7 +67,7 @@ def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool
             redis.Redis.from_url(bench_redis()).flushdb()
             with fresh_database() as db:
                 env = plain_env(judges[0], db, bench_redis())
-                env["DRCREDIT_JUDGE_BASE_URL"] = ",".join(f"{j}/v1" for j in judges)
+                env["DRCREDIT_JUDGE_BASE_URL"] = fleet_setting(judges, args.max_concurrency)
                 env["DRCREDIT_JUDGE_PROMPT_LAYOUT"] = layout
                 env["DRCREDIT_JUDGE_REUSE"] = "tenant"  # the default: the repost measures the store
                 api, _ = start_plain(stack, env, args.workers)
@@ -150,6 +158,9 @@ def main() -> None:
     parser.add_argument("--cache-blocks", type=int, default=65536, help="blocks of 256 characters per replica")
     parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-concurrency", type=int, default=None, help="each replica's declared max_concurrency (default: learned)"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import select
 
+from drcredit.domain.text import Text
 from drcredit.storage import models as m
 from drcredit.tenancy import budgets
 from drcredit.tenancy.policy import policy_of
@@ -76,7 +77,9 @@ async def get_usage(
     request: Request,
     tenant: Tenant,
     rt: RuntimeDep,
-    of: Annotated[str | None, Query(alias="tenant", description="Another tenant (operator keys only)")] = None,
+    of: Annotated[
+        Text | None, Query(alias="tenant", max_length=128, description="Another tenant (operator keys only)")
+    ] = None,
 ) -> dict[str, Any]:
     """The key's tenant's judge usage today and this month (UTC), its share of the fleet's
     calls over the last minute, and each budget with what is left; ``operator`` says

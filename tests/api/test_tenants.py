@@ -120,6 +120,11 @@ def test_refuse_past_a_budget_after_admitted_work_finishes(database_url: str) ->
         assert c.get("/v1/usage", headers=B).json()["operator"] is False
         assert c.get("/v1/usage", headers=OPS).json()["operator"] is True
         assert c.get("/v1/usage", params={"tenant": "a"}, headers=OPS).json()["day"]["calls"] == calls
+        # A tenant no database can hold is refused, naming the field (Postgres refuses a NUL).
+        for bad in ("a\x00b", "x" * 129):
+            refused = c.get("/v1/usage", params={"tenant": bad}, headers=OPS)
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["detail"][0]["field"] == "query.tenant", refused.json()
         listed = {t["tenant"]: t for t in c.get("/v1/usage/tenants", headers=OPS).json()["tenants"]}
         assert set(listed) == {"a", "b", "ops", "w"}
         assert listed["b"]["day"]["calls"] == b_calls and listed["ops"]["day"]["calls"] == 0
