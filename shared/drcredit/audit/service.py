@@ -265,15 +265,13 @@ def run(
     spend = AuditSpend()
     counted = Usage()
 
-    def count_spend() -> bool:
-        """Count what was spent since the last count (and renew the lease); False when
-        the lease is no longer this run's."""
+    def count_spend() -> None:
+        """Count what was spent since the last count, and renew the lease (nothing is
+        counted once the lease is no longer this run's: the run that holds it counts)."""
         nonlocal counted
         total = spend.total()
-        if not count(db, audit_pk, owner, tenant, total - counted, budget_window_s):
-            return False
-        counted = total
-        return True
+        if count(db, audit_pk, owner, tenant, total - counted, budget_window_s):
+            counted = total
 
     try:
         with db.session() as s:
