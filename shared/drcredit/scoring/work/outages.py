@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from drcredit import metrics
@@ -117,21 +118,17 @@ class JudgeOutages:
 
 
 def record_endpoint(s: Session, state: BreakerState) -> None:
-    """Upsert the endpoint's row (a portable read-then-write: transitions are rare)."""
-    row = s.get(m.JudgeEndpoint, state.endpoint, with_for_update=True)
+    """Record the endpoint's state. Its row is created first if missing (an insert that
+    does nothing when another writer created it meanwhile), then locked and changed: two
+    processes or two of a process's transitions noticing a first outage at once both
+    inserted it, and the one that lost failed, with the groups' ``waiting_for_judge``
+    it carried."""
     stamp = datetime.now(UTC)
-    if row is None:
-        s.add(
-            m.JudgeEndpoint(
-                endpoint=state.endpoint,
-                state="up" if state.up else "down",
-                since=state.since,
-                reason=state.reason,
-                outages=0 if state.up else 1,
-                updated_at=stamp,
-            )
-        )
-        return
+    insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
+    first = {"endpoint": state.endpoint, "state": "up", "since": state.since, "outages": 0, "updated_at": stamp}
+    s.execute(insert(m.JudgeEndpoint).values(**first).on_conflict_do_nothing(index_elements=["endpoint"]))
+    row = s.get(m.JudgeEndpoint, state.endpoint, with_for_update=True, populate_existing=True)
+    assert row is not None  # inserted above, or by another writer
     was_up = row.state == "up"
     row.state = "up" if state.up else "down"
     row.reason = state.reason
