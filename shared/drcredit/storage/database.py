@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random
@@ -202,6 +203,14 @@ def retry_lock_conflicts(transaction: Callable[..., T], *args: Any) -> T:
 def rows_changed(s: Session, statement: Any) -> int:
     """Rows an UPDATE or DELETE changed: conditional updates are how units claim transitions."""
     return int(s.connection().execute(statement).rowcount)
+
+
+def insert_for(s: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT into ``table`` in the session's dialect, for its ON CONFLICT clauses
+    (PostgreSQL's and SQLite's have the same ones: the code runs on both)."""
+    if s.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
 
 
 def utcnow() -> datetime:

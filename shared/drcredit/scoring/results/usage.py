@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from drcredit.domain.usage import Usage, total
 from drcredit.storage import models as m
+from drcredit.storage.database import insert_for
 
 #: A judgment answered by a call of its own.
 _ANSWERED = case(
@@ -90,12 +91,7 @@ def add_tenant_usage(s: Session, tenant: str, bucket: datetime, used: Usage) -> 
     if used == Usage():
         return
     values = {"tenant": tenant, "bucket": bucket, **{c: getattr(used, c) for c in _LEDGER}}
-    dialect = s.get_bind().dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as upsert
-    else:
-        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
-    statement = upsert(m.TenantUsage).values(**values)
+    statement = insert_for(s, m.TenantUsage).values(**values)
     t = m.TenantUsage.__table__
     s.execute(
         statement.on_conflict_do_update(

@@ -18,14 +18,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from drcredit import metrics
 from drcredit.judges.breaker import BreakerState, CircuitBreaker
 from drcredit.judges.fleet.router import Endpoint, Fleet
 from drcredit.storage import models as m
-from drcredit.storage.database import Database
+from drcredit.storage.database import Database, insert_for
 
 log = logging.getLogger("drcredit.outages")
 
@@ -124,9 +123,8 @@ def record_endpoint(s: Session, state: BreakerState) -> None:
     inserted it, and the one that lost failed, with the groups' ``waiting_for_judge``
     it carried."""
     stamp = datetime.now(UTC)
-    insert = postgresql.insert if s.get_bind().dialect.name == "postgresql" else sqlite.insert
     first = {"endpoint": state.endpoint, "state": "up", "since": state.since, "outages": 0, "updated_at": stamp}
-    s.execute(insert(m.JudgeEndpoint).values(**first).on_conflict_do_nothing(index_elements=["endpoint"]))
+    s.execute(insert_for(s, m.JudgeEndpoint).values(**first).on_conflict_do_nothing(index_elements=["endpoint"]))
     row = s.get(m.JudgeEndpoint, state.endpoint, with_for_update=True, populate_existing=True)
     assert row is not None  # inserted above, or by another writer
     was_up = row.state == "up"

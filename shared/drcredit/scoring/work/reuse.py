@@ -28,12 +28,11 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from sqlalchemy import delete, func, select, tuple_
-from sqlalchemy.dialects import postgresql, sqlite
 
 from drcredit.domain.verdicts import RejectedMatch, ScoreVerdict, SnippetMatch, SnippetVerdict, VisitVerdict
 from drcredit.judges.base import JudgeResult
 from drcredit.storage import models as m
-from drcredit.storage.database import Database, rows_changed, utcnow
+from drcredit.storage.database import Database, insert_for, rows_changed, utcnow
 
 log = logging.getLogger("drcredit.reuse")
 
@@ -242,9 +241,7 @@ class ReuseStore:
     def _write(self, rows: list[dict[str, Any]], prune: bool) -> None:
         with self.db.session() as s:
             # An answer another process kept first stays (they are the same request's).
-            dialect = s.get_bind().dialect.name
-            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-            s.execute(insert(m.JudgeAnswer).on_conflict_do_nothing(index_elements=["tenant", "digest"]), rows)
+            s.execute(insert_for(s, m.JudgeAnswer).on_conflict_do_nothing(index_elements=["tenant", "digest"]), rows)
         if prune:
             self.prune()
 
