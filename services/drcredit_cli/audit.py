@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 
 from drcredit.client import (
     AuditFailed,
@@ -31,6 +30,7 @@ from drcredit.client import (
 )
 from drcredit.client.errors import DrCreditError
 from drcredit_cli.audit_table import headline, print_audit, print_audits
+from drcredit_cli.consoles import err, out
 from drcredit_cli.flags import Command, Group
 
 EXIT_INPUT = 2
@@ -49,7 +49,6 @@ audit_app = typer.Typer(
     cls=Group,
 )
 
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, whatever the width
 
 Url = Annotated[
     str,
@@ -171,7 +170,7 @@ def start(
             if as_json:
                 _print_json(started)
             else:
-                Console().print(headline(started), highlight=False)
+                out.print(headline(started), highlight=False)
                 err.print(f"its report: drcredit audit show {audit_id} --wait 600", highlight=False)
             return
         if not as_json:

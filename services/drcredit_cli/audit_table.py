@@ -10,6 +10,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from drcredit_cli import consoles
+
 #: The kinds compared, as the report names them, with their categories.
 KINDS = (
     ("visit", "visit level (0-2)"),
@@ -172,7 +174,7 @@ def usage_text(usage: dict[str, Any]) -> str:
 
 def print_audit(doc: dict[str, Any], out: Console | None = None) -> None:
     """A done audit's report."""
-    out = out or Console()
+    out = out or consoles.out
     human = doc["judge"] == "human"
     other = "people" if human else "the audit judge"
     out.print(headline(doc), highlight=False)
@@ -231,7 +233,7 @@ def _print_people(doc: dict[str, Any], out: Console) -> None:
 
 def print_audits(audits: list[dict[str, Any]], out: Console | None = None) -> None:
     """A tenant's audits, newest first; a done one's headline figures, a failed one's reason."""
-    out = out or Console()
+    out = out or consoles.out
     if not audits:
         out.print("no audit yet: drcredit audit start --judge NAME --run RUN", highlight=False)
         return

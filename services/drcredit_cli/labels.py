@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from drcredit.client import DrCreditClient, InvalidRequest
+from drcredit_cli import consoles
 from drcredit_cli.audit import DEFAULT_URL, ApiKey, Url, fail, service
+from drcredit_cli.consoles import err
 from drcredit_cli.flags import Command, Group
 
 labels_app = typer.Typer(
@@ -105,7 +106,7 @@ def import_(
             stored = client.import_labels(labels)
         except InvalidRequest as exc:
             fail(_by_line(exc, numbers) + " (nothing was stored)")
-    Console().print(
+    consoles.out.print(
         f"stored {stored['stored']:,} labels ({stored['replaced']:,} replaced an earlier one)", highlight=False
     )
 
@@ -130,7 +131,7 @@ def export(
         sys.stdout.write(text)
     else:
         Path(out).write_text(text, encoding="utf-8")
-        Console(stderr=True, soft_wrap=True).print(f"wrote {len(labels):,} labels to {out}", highlight=False)
+        err.print(f"wrote {len(labels):,} labels to {out}", highlight=False)
 
 
 def _labels(client: DrCreditClient, group: list[str] | None, labeler: str | None) -> list[dict[str, Any]]:

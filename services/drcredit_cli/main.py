@@ -14,7 +14,6 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
@@ -34,6 +33,7 @@ from drcredit.settings import Settings
 from drcredit.storage import models as m
 from drcredit.wiring.runtime import Runtime
 from drcredit_cli.audit import audit_app
+from drcredit_cli.consoles import err
 from drcredit_cli.flags import Command, Group
 from drcredit_cli.labels import labels_app
 from drcredit_cli.report import report as report_command
@@ -57,7 +57,6 @@ app.add_typer(db_app, name="db")
 app.add_typer(audit_app, name="audit")
 app.add_typer(labels_app, name="labels")
 
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, whatever the width
 
 #: Exit codes of ``drcredit score`` (and the other commands' start-up checks).
 EXIT_INPUT = 2  # bad input or configuration: one line says what to fix

@@ -9,17 +9,15 @@ from typing import TYPE_CHECKING, Annotated, NoReturn
 import httpx
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.settings import Settings
+from drcredit_cli.consoles import err
 
 if TYPE_CHECKING:
     from drcredit_api.ui.report import Fetch
-
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, whatever the width
 
 
 def report(

@@ -13,6 +13,8 @@ from rich import box
 from rich.console import Console, JustifyMethod
 from rich.table import Table
 
+from drcredit_cli import consoles
+
 #: (header, justification) of the columns after the rollout's; the last says when a turn is
 #: unscorable.
 NUMBERS: tuple[tuple[str, JustifyMethod], ...] = (
@@ -68,7 +70,7 @@ def advantages_table(document: dict[str, Any]) -> Table:
 
 def print_advantages(document: dict[str, Any], progress: dict[str, int], out: Console | None = None) -> None:
     """The table, the group's statistics and its judge-call counts."""
-    out = out or Console()
+    out = out or consoles.out
     stats = document["stats"]
     out.print(advantages_table(document))
     out.print(LEGEND, style="dim", highlight=False)

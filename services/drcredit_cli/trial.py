@@ -19,15 +19,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from drcredit.client import DrCreditClient
 from drcredit.client.errors import DrCreditError
+from drcredit_cli.consoles import err, out
 from drcredit_cli.table import print_advantages
 from drcredit_cli.trial_stack import Process, Stack, TrialError, own_audit_judges
-
-out = Console()
-err = Console(stderr=True)
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

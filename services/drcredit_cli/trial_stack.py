@@ -21,14 +21,12 @@ from typing import Any
 
 import psycopg
 import redis
-from rich.console import Console
 from sqlalchemy.engine import make_url
 
 from drcredit.broker.consumers import KEY as CONSUMERS_KEY
 from drcredit.broker.queues import ALL_QUEUES, AUDITOR, SERVICES, Service
 from drcredit.storage.migrate import upgrade
-
-err = Console(stderr=True)
+from drcredit_cli.consoles import err
 
 #: Judge calls in flight and Celery threads of each worker: plenty for the examples on a
 #: laptop (a deployment's defaults are sized for a training step). Not the auditor's: its
