@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -48,12 +49,20 @@ class PrefixCache:
         self._lane = asyncio.Lock()
         #: When the lane's last prefill ends, on the event loop's clock.
         self._free_at = 0.0
-        self.stats = {
+        self.stats: dict[str, float] = {
             "cached_prompt_tokens": 0,
             "prefilled_tokens": 0,
             "distinct_prefilled_tokens": 0,
             "required_prefilled_tokens": 0,
             "evicted_blocks": 0,
+            # The lane's timeline (wall-clock seconds; 0: nothing prefilled since the reset),
+            # for telling a step bound by the lanes from one that left them idle.
+            "lane_started_at": 0,
+            "lane_ended_at": 0,
+            "lane_busy_s": 0,
+            "lane_wait_s": 0,
+            "lane_max_wait_s": 0,
+            "lane_prefills": 0,
         }
 
     def admit(self, text: str) -> int:
@@ -105,8 +114,22 @@ class PrefixCache:
                 # a step's thousand prefills that made the lane 5% slower than its stated cost.
                 start = max(arrived, self._free_at)
                 self._free_at = start + uncached * self.prefill_s_per_token
+                self._record(start - arrived, start, self._free_at, loop.time())
                 await asyncio.sleep(max(0.0, self._free_at - loop.time()))
         return cached
+
+    def _record(self, waited: float, start: float, end: float, now: float) -> None:
+        """One prefill's place on the lane's timeline (``start`` and ``end`` on the loop's
+        clock, ``now`` its time now: the stats are kept in wall-clock seconds)."""
+        wall = time.time() - now
+        stats = self.stats
+        if not stats["lane_started_at"]:
+            stats["lane_started_at"] = wall + start
+        stats["lane_ended_at"] = wall + end
+        stats["lane_busy_s"] += end - start
+        stats["lane_wait_s"] += waited
+        stats["lane_max_wait_s"] = max(stats["lane_max_wait_s"], waited)
+        stats["lane_prefills"] += 1
 
     def reset(self) -> None:
         """Zero the counters (the cache itself stays warm, as a server's does between steps)."""

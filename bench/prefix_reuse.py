@@ -10,6 +10,8 @@ posts a step of fresh content (its own seed: nothing in it was asked before) and
 
 - the cached share of the prompt tokens the replicas served, and the tokens each
   trajectory made them prefill;
+- each replica's prefill lane: when it began and ended, how long it stood idle between,
+  and how long a prefill waited for it (``lanes``);
 - the step's wall time against its bound: the longer of its critical path (the longest
   chain of dependent calls x the judge latency) and the busiest replica's prefill of
   what it had to prefill at least once (its distinct blocks, and each call's tail past
@@ -117,6 +119,7 @@ def measure(
         return max(int(s.get(counter, 0)) for s in served) * args.prefill_us_per_token / 1e6
 
     busiest = busiest_s("required_prefilled_tokens")
+    lanes = [lane_timeline(s, run["posted_at"]) for s in served]
     # Every call is its latency and its prefill in series, so the busiest replica's last
     # prefill is followed (or preceded) by at least one latency.
     bound = max(critical, busiest + args.latency)
@@ -132,12 +135,37 @@ def measure(
         "prompt_tokens_per_trajectory": round(prompt / trajectories),
         "prefilled_tokens_per_trajectory": round(prefilled / trajectories),
         "cached_share": round(cached / prompt, 4) if prompt else None,
+        "lanes": lanes,
+    }
+
+
+def lane_timeline(served: dict[str, Any], posted_at: float) -> dict[str, float] | None:
+    """A replica's prefill lane over the step, in seconds after the POST: when its first
+    prefill began and its last ended, the time it stood idle between them, and what a
+    prefill waited for the lane on average and at most. A step that ends well after its
+    lanes, or whose lanes stood idle, lost its time elsewhere (its chains, the limits)."""
+    started, ended = float(served.get("lane_started_at", 0)), float(served.get("lane_ended_at", 0))
+    prefills = int(served.get("lane_prefills", 0))
+    if not started or not prefills:
+        return None
+    return {
+        "first_s": round(started - posted_at, 2),
+        "last_s": round(ended - posted_at, 2),
+        "idle_s": round(ended - started - float(served["lane_busy_s"]), 2),
+        "mean_wait_s": round(float(served["lane_wait_s"]) / prefills, 3),
+        "max_wait_s": round(float(served["lane_max_wait_s"]), 2),
     }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in ("cached_share", "prefilled_tokens_per_trajectory", "prompt_tokens_per_trajectory", "ratio_to_bound"):
+    for key in (
+        "cached_share",
+        "prefilled_tokens_per_trajectory",
+        "prompt_tokens_per_trajectory",
+        "wall_s",
+        "ratio_to_bound",
+    ):
         values = [r[key] for r in runs if r[key] is not None]
         worst = min(values) if key == "cached_share" else max(values)
         out[key] = {"median": statistics.median(values), "worst": worst}

@@ -331,3 +331,40 @@ def test_the_prefill_lane_keeps_its_stated_cost_under_load() -> None:
     began, last_end, finished = asyncio.run(run())
     assert 0 <= last_end - n * tokens * cost_s - began < 0.01  # one after another from the first arrival
     assert finished >= last_end  # and never two at once
+
+
+def test_the_prefill_lane_reports_its_timeline() -> None:
+    """Ten prompts at once, then one after the lane has emptied: the lane reports what a
+    step's anatomy needs (bench.prefix_reuse's ``lanes``). Each prompt is 2 ms of prefill;
+    the k-th of the ten waits k x 2 ms (0 + 2 + ... + 18 = 90 ms in all, 18 ms at most),
+    the eleventh none; the lane is busy 11 x 2 ms and idle for the pause between."""
+    import asyncio
+    import time
+
+    from bench.prefix_cache import PrefixCache
+    from bench.prefix_reuse import lane_timeline
+
+    cost_s, tokens, pause_s = 2e-5, 100, 0.2  # 2 ms a prompt
+
+    async def run() -> PrefixCache:
+        cache = PrefixCache(capacity_blocks=4096, block_chars=256, prefill_s_per_token=cost_s)
+        prompts = [[{"role": "user", "content": f"{i:04d}" * 100}] for i in range(11)]
+        await asyncio.gather(*(cache.prefill(p, tokens) for p in prompts[:10]))
+        await asyncio.sleep(pause_s)
+        await cache.prefill(prompts[10], tokens)
+        return cache
+
+    posted = time.time()
+    cache = asyncio.run(run())
+    stats = cache.stats
+    assert stats["lane_prefills"] == 11
+    assert abs(stats["lane_busy_s"] - 11 * 0.002) < 1e-9
+    assert abs(stats["lane_wait_s"] - 0.090) < 0.005  # the ten arrive within a few ms of each other
+    assert abs(stats["lane_max_wait_s"] - 0.018) < 0.005
+    lane = lane_timeline({k: v for k, v in stats.items()}, posted)
+    assert lane is not None
+    assert pause_s <= lane["idle_s"] < pause_s + 0.05
+    assert 0 <= lane["first_s"] < lane["last_s"]
+    assert abs(lane["mean_wait_s"] - 0.090 / 11) < 0.001
+    cache.reset()
+    assert lane_timeline(dict(cache.stats), posted) is None  # nothing prefilled since the reset
