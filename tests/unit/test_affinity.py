@@ -1,4 +1,5 @@
-"""Calls sharing a prompt prefix go to one replica: a consistent hash with bounded load
+"""Calls sharing a prompt prefix go to one replica: the least loaded when its first call
+goes out, pinned there, within bounds, the key's hash breaking ties
 (drcredit.judges.fleet.affinity), each rule checked on endpoints built here."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ import asyncio
 import math
 from collections import Counter
 
-from drcredit.judges.fleet.affinity import CALL_AFFINITY, LOAD_BOUND, rendezvous, slot_of, steer
+from drcredit.judges.fleet.affinity import CALL_AFFINITY, LOAD_BOUND, Pins, rendezvous, slot_of, steer
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.router import Fleet
 from drcredit.judges.fleet.state import Endpoint
@@ -87,6 +88,65 @@ def test_the_fleet_places_calls_of_one_prefix_on_one_replica() -> None:
     placed = asyncio.run(run())
     assert sorted(placed.values()) == [20, 20]  # each prefix on one replica only
     assert len({k.split("@")[1] for k in placed}) == 2  # and the two prefixes on different ones here
+
+
+def test_a_new_key_goes_to_the_least_loaded_replica_and_stays_there() -> None:
+    es = endpoints(2)
+    key = next(f"k{k}" for k in range(100) if rendezvous(f"k{k}", es)[0] is es[0])
+    pins = Pins()
+    # Its hash prefers es[0], but es[0] has 4 calls in flight and es[1] has 3: fewer
+    # calls wait on es[1] (both within 1.25 x their share of the 8 with this call: 5).
+    es[0].in_flight, es[1].in_flight = 4, 3
+    assert steer(key, [(e, 1.0) for e in es], es[0], pins) is es[1]
+    # Its later calls follow it there though es[1] is now the busier (5 there, 4 here:
+    # 10 with this call, 1.25 x 5 = 6.25 >= 6), whichever the router would choose.
+    es[0].in_flight, es[1].in_flight = 4, 5
+    assert steer(key, [(e, 1.0) for e in es], es[0], pins) is es[1]
+    assert pins.get(key) == es[1].url
+    # At equal loads the key's own order decides, so processes at the same loads agree.
+    es[0].in_flight = es[1].in_flight = 2
+    assert steer(key, [(e, 1.0) for e in es], es[1], Pins()) is es[0]
+
+
+def test_a_pinned_replica_over_its_bound_lends_one_call_and_keeps_the_key() -> None:
+    es = endpoints(2)
+    pins = Pins()
+    pins.pin("visit", es[0].url)
+    # 7 on it, 1 on the other: 9 with this call, bounded at 1.25 x 4.5 = 5.625 < 8.
+    es[0].in_flight, es[1].in_flight = 7, 1
+    assert steer("visit", [(e, 1.0) for e in es], es[1], pins) is es[1]
+    assert pins.get("visit") == es[0].url  # the key stays: its pages are cached there
+    es[0].in_flight, es[1].in_flight = 3, 3
+    assert steer("visit", [(e, 1.0) for e in es], es[1], pins) is es[0]
+
+
+def test_a_key_whose_replica_left_the_rotation_is_pinned_again() -> None:
+    es = endpoints(3)
+    pins = Pins()
+    pins.pin("visit", es[2].url)
+    es[0].in_flight, es[1].in_flight = 3, 1
+    # es[2] is not among the candidates (out of the rotation): the least loaded takes it.
+    assert steer("visit", [(es[0], 1.0), (es[1], 1.0)], es[0], pins) is es[1]
+    assert pins.get("visit") == es[1].url
+
+
+def test_before_a_replica_has_answered_a_new_key_takes_the_routers_choice() -> None:
+    es = endpoints(2)
+    pins = Pins()
+    es[0].in_flight = 5
+    # es[1] is idle but has never answered: its pace is unknown, so it is not preferred.
+    assert steer("visit", [(es[0], 1.0), (es[1], math.inf)], es[0], pins) is es[0]
+    assert pins.get("visit") == es[0].url
+
+
+def test_pins_remember_the_most_recent_keys_only() -> None:
+    pins = Pins(capacity=3)
+    for k in range(4):
+        pins.pin(f"k{k}", f"url{k}")
+    assert len(pins) == 3 and pins.get("k0") is None
+    assert pins.get("k1") == "url1"  # read: now the most recent
+    pins.pin("k4", "url4")
+    assert pins.get("k2") is None and pins.get("k1") == "url1"
 
 
 def test_llama_slots_by_key_only_where_the_server_has_several() -> None:

@@ -5,13 +5,25 @@ visit's rubric calls share the question, the reasoning, the call and the pages
 (:mod:`drcredit.judges.prompts`, ``shared-first-v1``), and sent to two replicas each
 prefills them once. Each call carries an affinity key, the digest of its shared prefix
 (:data:`CALL_AFFINITY`, set by the judge for the call); the router asks :func:`steer`
-which endpoint takes it. That is a consistent hash with bounded load: the endpoints in
-the key's rendezvous order (highest random weight: an endpoint leaving moves only its
-own keys), the first that has room, is no slower than the router's own choice (its
-latency within :data:`LOAD_BOUND` of that one's) and is not above :data:`LOAD_BOUND` x its
-weighted share of the calls in flight. When none qualifies the router's choice stands,
-so failover, the learned limits and a slow replica's smaller share are as without
-affinity.
+which endpoint takes it.
+
+A key's first call goes to the replica with the fewest calls in flight per unit of weight
+among those that qualify, and the key is pinned there (:class:`Pins`); its later calls
+follow the pin. A replica qualifies when it has room, is no slower than the router's own
+choice (its latency within :data:`LOAD_BOUND` of that one's) and is not above
+:data:`LOAD_BOUND` x its weighted share of the calls in flight; the router's choice
+always qualifies, and before a replica has answered only that choice does. Among equally
+loaded replicas the key's rendezvous order (highest random weight) decides, so processes
+at the same loads agree. A pinned replica over its bound, or full, gives that one call
+to the router's choice and keeps the key; one out of the rotation loses its keys, which
+are pinned again.
+
+Pinning by load, not by hash alone, is measured (BENCHMARKS.md, round 24): a consistent
+hash spreads keys evenly but not their work, and with two replicas whose prefill queues
+serve one request at a time, the replica a hash had given more pages kept a longer
+queue while the other stood idle (fifteen steps each: median 17.9 s by hash, 17.0 s by
+load, a tenth less prefilled). A new visit is free to go anywhere (its pages are cached
+nowhere yet), so it goes where the fewest calls wait.
 
 A llama.cpp server keeps one prompt cache per slot: where its slots are known, the call
 names the slot its key hashes to (``id_slot``, with ``cache_prompt``), so calls sharing a
@@ -22,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from contextvars import ContextVar
 
@@ -33,6 +46,9 @@ CALL_AFFINITY: ContextVar[str | None] = ContextVar("drcredit_call_affinity", def
 #: How far above its share of the calls in flight, and how much slower than the router's
 #: choice, a preferred endpoint may be.
 LOAD_BOUND = 1.25
+
+#: Affinity keys a process remembers the replica of (a step's visits are a few thousand).
+PIN_MEMORY = 16_384
 
 
 def affinity_key(shared_prefix: str) -> str:
@@ -48,29 +64,65 @@ def rendezvous(key: str, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
     return sorted(endpoints, key=lambda e: _weight(key, e.url), reverse=True)
 
 
-def steer(key: str | None, scored: Sequence[tuple[Endpoint, float]], chosen: Endpoint | None) -> Endpoint | None:
+def steer(
+    key: str | None, scored: Sequence[tuple[Endpoint, float]], chosen: Endpoint | None, pins: Pins | None = None
+) -> Endpoint | None:
     """The endpoint a call with affinity ``key`` should take, among ``scored`` (each
     candidate with its pace: its latency per unit of weight, infinite before its first
-    answer); ``chosen``: the router's own choice, kept when no endpoint of the key
-    qualifies or there is nothing to choose between."""
+    answer); ``chosen``: the router's own choice, kept when nothing else qualifies or
+    there is nothing to choose between; ``pins``: where this process sent each key."""
     if key is None or chosen is None or len(scored) < 2:
         return chosen
+    pins = pins if pins is not None else Pins()
     pace = dict((e.url, p) for e, p in scored)
     in_flight = sum(e.in_flight for e, _ in scored) + 1
     weights = sum(e.config.weight for e, _ in scored)
-    for e in rendezvous(key, [e for e, _ in scored]):
+
+    def qualifies(e: Endpoint) -> bool:
         if e is chosen:
-            return e
+            return True
         fair = LOAD_BOUND * in_flight * e.config.weight / weights
-        known = math.isfinite(pace[e.url]) and math.isfinite(pace[chosen.url])  # before an answer: no steering
-        if (
+        known = math.isfinite(pace[e.url])  # before its first answer: only the router's choice
+        return (
             known
             and e.in_flight < e.share
             and e.in_flight + 1 <= max(1.0, fair)
-            and pace[e.url] <= LOAD_BOUND * pace[chosen.url]
-        ):
-            return e
-    return chosen
+            and (not math.isfinite(pace[chosen.url]) or pace[e.url] <= LOAD_BOUND * pace[chosen.url])
+        )
+
+    pinned = pins.get(key)
+    if pinned is not None:
+        for e, _ in scored:
+            if e.url == pinned:
+                return e if qualifies(e) else chosen
+    candidates = rendezvous(key, [e for e, _ in scored if qualifies(e)])
+    best = min(candidates, key=lambda e: e.in_flight / e.config.weight)  # ties: the key's order
+    pins.pin(key, best.url)
+    return best
+
+
+class Pins:
+    """Where this process sent each affinity key's first call (the most recent
+    :data:`PIN_MEMORY` keys: a key matters while its visit's calls are going out)."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity or PIN_MEMORY
+        self._urls: OrderedDict[str, str] = OrderedDict()
+
+    def get(self, key: str) -> str | None:
+        url = self._urls.get(key)
+        if url is not None:
+            self._urls.move_to_end(key)
+        return url
+
+    def pin(self, key: str, url: str) -> None:
+        self._urls[key] = url
+        self._urls.move_to_end(key)
+        while len(self._urls) > self.capacity:
+            self._urls.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._urls)
 
 
 class Affinities:

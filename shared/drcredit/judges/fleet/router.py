@@ -39,7 +39,7 @@ from typing import Any
 
 from drcredit import metrics
 from drcredit.judges.fleet import limits
-from drcredit.judges.fleet.affinity import CALL_AFFINITY, Affinities, steer
+from drcredit.judges.fleet.affinity import CALL_AFFINITY, Affinities, Pins, steer
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.learning import Learning
 from drcredit.judges.fleet.rates import RateLimits
@@ -99,6 +99,8 @@ class Fleet(Learning, Sharing):
         self.prober = prober
         #: The affinity keys of waiting calls (calls sharing a prompt prefix, one replica).
         self.affinities = Affinities()
+        #: The replica each affinity key's calls go to (its first call's).
+        self.pins = Pins()
 
     @property
     def demand(self) -> int:
@@ -212,7 +214,7 @@ class Fleet(Learning, Sharing):
         # Calls that timed out in its queue still take places there until it is done with them.
         if best is None or best.in_flight + best.unread(now) >= best.share:
             return None
-        return steer(key, scored, best)
+        return steer(key, scored, best, self.pins)
 
     @staticmethod
     def _expected(e: Endpoint, ahead: int, fallback: float) -> float:
