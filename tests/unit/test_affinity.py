@@ -130,6 +130,16 @@ def test_a_key_whose_replica_left_the_rotation_is_pinned_again() -> None:
     assert pins.get("visit") == es[1].url
 
 
+def test_a_retry_away_from_the_pinned_replica_keeps_the_key() -> None:
+    es = endpoints(3)
+    pins = Pins()
+    pins.pin("visit", es[0].url)
+    # The call failed on es[0]: its retry goes to es[1] or es[2]; the visit's other calls
+    # still find their pages on es[0].
+    assert steer("visit", [(es[1], 1.0), (es[2], 1.0)], es[1], pins, frozenset({es[0].url})) is es[1]
+    assert pins.get("visit") == es[0].url
+
+
 def test_before_a_replica_has_answered_a_new_key_takes_the_routers_choice() -> None:
     es = endpoints(2)
     pins = Pins()

@@ -15,8 +15,8 @@ choice (its latency within :data:`LOAD_BOUND` of that one's) and is not above
 always qualifies, and before a replica has answered only that choice does. Among equally
 loaded replicas the key's rendezvous order (highest random weight) decides, so processes
 at the same loads agree. A pinned replica over its bound, or full, gives that one call
-to the router's choice and keeps the key; one out of the rotation loses its keys, which
-are pinned again.
+to the router's choice and keeps the key, as does one a call is retried away from; one
+out of the rotation (or cooling off a rate limit) loses its keys, which are pinned again.
 
 Pinning by load, not by hash alone, is measured (BENCHMARKS.md, round 24): a consistent
 hash spreads keys evenly but not their work, and with two replicas whose prefill queues
@@ -65,12 +65,17 @@ def rendezvous(key: str, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
 
 
 def steer(
-    key: str | None, scored: Sequence[tuple[Endpoint, float]], chosen: Endpoint | None, pins: Pins | None = None
+    key: str | None,
+    scored: Sequence[tuple[Endpoint, float]],
+    chosen: Endpoint | None,
+    pins: Pins | None = None,
+    excluded: frozenset[str] = frozenset(),
 ) -> Endpoint | None:
     """The endpoint a call with affinity ``key`` should take, among ``scored`` (each
     candidate with its pace: its latency per unit of weight, infinite before its first
     answer); ``chosen``: the router's own choice, kept when nothing else qualifies or
-    there is nothing to choose between; ``pins``: where this process sent each key."""
+    there is nothing to choose between; ``pins``: where this process sent each key;
+    ``excluded``: endpoints this call failed on (its retry goes elsewhere, the key stays)."""
     if key is None or chosen is None or len(scored) < 2:
         return chosen
     pins = pins if pins is not None else Pins()
@@ -97,7 +102,8 @@ def steer(
                 return e if qualifies(e) else chosen
     candidates = rendezvous(key, [e for e, _ in scored if qualifies(e)])
     best = min(candidates, key=lambda e: e.in_flight / e.config.weight)  # ties: the key's order
-    pins.pin(key, best.url)
+    if pinned not in excluded:
+        pins.pin(key, best.url)
     return best
 
 

@@ -214,7 +214,7 @@ class Fleet(Learning, Sharing):
         # Calls that timed out in its queue still take places there until it is done with them.
         if best is None or best.in_flight + best.unread(now) >= best.share:
             return None
-        return steer(key, scored, best, self.pins)
+        return steer(key, scored, best, self.pins, exclude)
 
     @staticmethod
     def _expected(e: Endpoint, ahead: int, fallback: float) -> float:
