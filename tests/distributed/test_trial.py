@@ -93,13 +93,15 @@ def walk_through_a_missing_outcome_judge(
     group = json.loads(EXAMPLES["demo-step1-q1-judged"].read_text().replace("demo-step1-q1-judged", "try-2"))
     assert client.post("/v1/groups", json=group).status_code == 202
     # Its outcome units are queued as its rollouts' visits finish: on a loaded machine not
-    # all within the first second, so read the status until the seventh is there.
-    deadline = time.monotonic() + 20
+    # all within the first second (once, in a full suite on two cores, not within 20 s), so
+    # read the status until the seventh is there.
+    posted = time.monotonic()
     while True:
         waiting = client.get("/v1/groups/try-2").json()["waiting_for_consumer"]
-        if (waiting and waiting[0]["units"] >= 7) or time.monotonic() > deadline:
+        if (waiting and waiting[0]["units"] >= 7) or time.monotonic() > posted + 60:
             break
         time.sleep(0.2)
+    seventh_after = time.monotonic() - posted
     deadline = time.monotonic() + 10
     while b"the outcome judge exited" not in stdout.read_bytes():  # the trial says so
         assert time.monotonic() < deadline
@@ -119,7 +121,7 @@ def walk_through_a_missing_outcome_judge(
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
-    return {"reported_after_s": reported_after, "waiting": waiting}
+    return {"reported_after_s": reported_after, "waiting": waiting, "read_for_s": seventh_after}
 
 
 def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tmp_path: Path) -> None:
@@ -197,7 +199,7 @@ def test_the_trial_scores_the_examples_like_embedded_mode_and_stops_on_ctrl_c(tm
     assert missing_part["reported_after_s"] < 2.0, missing_part
     # Seven of the example's eight rollouts end with a report: one outcome unit each.
     [wait] = missing_part["waiting"]
-    assert wait["queue"] == "outcome_judge" and wait["units"] == 7 and wait["since"]
+    assert wait["queue"] == "outcome_judge" and wait["units"] == 7 and wait["since"], missing_part
 
     # An audit on the trial: the offline judge against itself agrees on every visit.
     assert audited.returncode == 0, audited.stdout + audited.stderr
