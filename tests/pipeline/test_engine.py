@@ -15,9 +15,10 @@ from sqlalchemy import select
 from drcredit.judges.attempts import Attempt
 from drcredit.judges.base import JudgeResult
 from drcredit.judges.breaker import CircuitBreaker
+from drcredit.recent import Recent
 from drcredit.scoring import priority as start_order_module
 from drcredit.scoring.dispatch import UnitRef, unit_batches
-from drcredit.scoring.engine import BatchWriter, Engine, Recent
+from drcredit.scoring.engine import BatchWriter, Engine
 from drcredit.scoring.priority import HOLD_MARGIN, MAX_HOLD_S, PrioritySlots, StartOrder
 from drcredit.scoring.work.judging import JudgeCalls
 from drcredit.scoring.work.outages import JudgeOutages

@@ -47,7 +47,6 @@ Configuration: a :class:`DrCreditSettings` (default from the environment: ``DRCR
 from __future__ import annotations
 
 import asyncio
-import collections
 import importlib
 import re
 import sys
@@ -55,6 +54,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from drcredit.recent import Recent
 from drcredit.trainers import skyrl_stream
 from drcredit.trainers.scoring import ScoredBatch, score_step
 from drcredit.trainers.settings import DrCreditSettings
@@ -76,16 +76,13 @@ ESTIMATOR_NAME = "drcredit"
 _PAD_UID = re.compile(r"pad\d+")
 
 #: uids whose rows the generator scored lately (the estimator refuses others); bounded.
-_SCORED_UIDS: collections.OrderedDict[str, None] = collections.OrderedDict()
 _SCORED_UIDS_KEPT = 100_000
+_SCORED_UIDS: Recent[str, bool] = Recent(size=_SCORED_UIDS_KEPT)
 
 
 def _remember(uids: Sequence[str]) -> None:
     for uid in uids:
-        _SCORED_UIDS[uid] = None
-        _SCORED_UIDS.move_to_end(uid)
-    while len(_SCORED_UIDS) > _SCORED_UIDS_KEPT:
-        _SCORED_UIDS.popitem(last=False)
+        _SCORED_UIDS.put(uid, True)
 
 
 # ----------------------------------------------------------------------------- importing skyrl

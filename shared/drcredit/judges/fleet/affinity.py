@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from contextvars import ContextVar
 
 from drcredit.judges.fleet.state import Endpoint
+from drcredit.recent import Recent
 
 #: The affinity key of the call being placed (None: no preference).
 CALL_AFFINITY: ContextVar[str | None] = ContextVar("drcredit_call_affinity", default=None)
@@ -112,20 +112,13 @@ class Pins:
     :data:`PIN_MEMORY` keys: a key matters while its visit's calls are going out)."""
 
     def __init__(self, capacity: int | None = None) -> None:
-        self.capacity = capacity or PIN_MEMORY
-        self._urls: OrderedDict[str, str] = OrderedDict()
+        self._urls: Recent[str, str] = Recent(size=capacity or PIN_MEMORY)
 
     def get(self, key: str) -> str | None:
-        url = self._urls.get(key)
-        if url is not None:
-            self._urls.move_to_end(key)
-        return url
+        return self._urls.get(key)
 
     def pin(self, key: str, url: str) -> None:
-        self._urls[key] = url
-        self._urls.move_to_end(key)
-        while len(self._urls) > self.capacity:
-            self._urls.popitem(last=False)
+        self._urls.put(key, url)
 
     def __len__(self) -> int:
         return len(self._urls)

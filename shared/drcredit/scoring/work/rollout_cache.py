@@ -2,7 +2,7 @@
 
 A rollout, its plan and its group's parameters never change once stored, so a worker
 reads and validates each once. The caches are read from the engine loop and from its
-database threads (:class:`~drcredit.scoring.engine.Recent` is thread-safe); concurrent
+database threads (:class:`~drcredit.recent.Recent` is thread-safe); concurrent
 loads of one rollout on the engine loop share one read.
 """
 
@@ -20,7 +20,8 @@ from drcredit.domain.credit import RolloutPlan, plan_rollout
 from drcredit.domain.group import GroupContent, Rollout, Rubric
 from drcredit.domain.params import ScoringParams
 from drcredit.metrics import ROLLOUT_CACHE_BYTES
-from drcredit.scoring.engine import Engine, Recent
+from drcredit.recent import Recent
+from drcredit.scoring.engine import Engine
 from drcredit.scoring.errors import NotFound
 from drcredit.scoring.intake.content import parse_rubrics
 from drcredit.storage import repository as repo
