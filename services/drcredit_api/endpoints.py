@@ -21,6 +21,7 @@ from drcredit.scoring.results import breakdown, documents
 from drcredit.scoring.results.replay import replay
 from drcredit.scoring.results.usage import group_usage
 from drcredit.storage import models as m
+from drcredit.tenancy.windows import held_for_budget
 from drcredit.wiring.runtime import Runtime
 from drcredit_api import queues, schemas, usage_schemas
 from drcredit_api.auth import tenant_of
@@ -278,7 +279,7 @@ def _batch_status(groups: list[Any]) -> str:
     waiting_for_budget (every group held for the tenant's budget); of group rows or
     :func:`documents.final_states` rows."""
     statuses = {g.status for g in groups}
-    if statuses == {"queued"} and all(getattr(g, "held_until", None) is not None for g in groups):
+    if groups and all(held_for_budget(g.status, g.held_until) for g in groups):
         return "waiting_for_budget"
     if statuses <= {"done"}:
         return "done"

@@ -22,6 +22,7 @@ from drcredit.broker.waits import IdleQueues
 from drcredit.scoring.errors import NotReady
 from drcredit.scoring.results import documents
 from drcredit.storage.database import aware
+from drcredit.tenancy.windows import held_for_budget
 from drcredit.wiring.runtime import Runtime
 
 log = logging.getLogger("drcredit.api")
@@ -55,7 +56,7 @@ def status_document(s: Any, group: Any, idle: IdleQueues | None, price: Any = No
 def require_done(s: Any, row: Any, request: Request) -> None:
     """``409`` unless the group is done; while its work waits on a queue without a
     consumer, the answer says which queue and how to end the wait."""
-    if row.status == "queued" and getattr(row, "held_until", None) is not None:
+    if held_for_budget(row.status, row.held_until):
         raise NotReady(
             "waiting_for_budget",
             f"group {row.group_id!r} is waiting_for_budget: its tenant's {row.held_for} is used up;"

@@ -17,7 +17,7 @@ from drcredit.tenancy.fair import FairQueue, allocate, process_parts
 from drcredit.tenancy.owner import Owner
 from drcredit.tenancy.policy import Burst, TenantPolicy, parse_tenants
 from drcredit.tenancy.shares import Shares
-from drcredit.tenancy.windows import BudgetState, blocking, bounds, bucket, spent, states
+from drcredit.tenancy.windows import BudgetState, blocking, bounds, bucket, held_for_budget, spent, states
 
 # ---------------------------------------------------------------------- allocate
 
@@ -246,6 +246,14 @@ def test_a_burst_weight_moves_the_fleets_parts_while_it_lasts() -> None:
 
 
 # ---------------------------------------------------------------------- windows and budgets
+
+
+def test_only_a_queued_row_with_a_hold_waits_for_its_budget() -> None:
+    reset = datetime(2026, 11, 28, tzinfo=UTC)
+    assert held_for_budget("queued", reset)
+    assert not held_for_budget("queued", None)  # queued for a worker, not for a budget
+    # A hold left on a row that has started or ended no longer holds it back.
+    assert not any(held_for_budget(status, reset) for status in ("running", "done", "failed"))
 
 
 def test_day_and_month_windows_are_utc_calendar_ones() -> None:

@@ -52,7 +52,7 @@ from drcredit.scoring.results.usage import add_tenant_usage
 from drcredit.storage import models as m
 from drcredit.storage.database import Database, rows_changed
 from drcredit.tenancy.owner import CALL_OWNER, Owner
-from drcredit.tenancy.windows import bucket
+from drcredit.tenancy.windows import bucket, held_for_budget
 
 log = logging.getLogger("drcredit.audit")
 
@@ -175,8 +175,7 @@ def document(row: m.Audit) -> dict[str, Any]:
 
 
 def _held(row: m.Audit) -> bool:
-    """Queued and held for its tenant's budget (stored ``queued``, shown ``waiting_for_budget``)."""
-    return row.status == "queued" and row.held_until is not None
+    return held_for_budget(row.status, row.held_until)
 
 
 def shown_status(row: m.Audit) -> str:

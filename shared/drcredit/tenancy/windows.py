@@ -50,6 +50,12 @@ def bounds(window: Window, now: datetime, window_s: float | None = None) -> tupl
 BUCKET_S = 3600.0
 
 
+def held_for_budget(status: str, held_until: datetime | None) -> bool:
+    """A group, batch member or audit stored ``queued`` with a hold until its tenant's
+    budget resets: shown ``waiting_for_budget``, and nothing of it is sent before then."""
+    return status == "queued" and held_until is not None
+
+
 def bucket(at: datetime, window_s: float | None = None) -> datetime:
     """The start of the ledger bucket holding ``at``."""
     length = min(BUCKET_S, window_s) if window_s else BUCKET_S

@@ -20,6 +20,7 @@ from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.scoring.results.usage import group_usage, rollout_usage
 from drcredit.storage import models as m
 from drcredit.storage.database import aware
+from drcredit.tenancy.windows import held_for_budget
 
 
 def _with_turns() -> Any:
@@ -100,7 +101,7 @@ def status_document(
     """Status and progress, with the judge's usage so far. ``waiting_for_consumer``: the
     group's waits on queues no live worker consumes (:mod:`drcredit.broker.waits`;
     distributed mode only)."""
-    held = group.held_until is not None and group.status == "queued"
+    held = held_for_budget(group.status, group.held_until)
     return {
         "group_id": group.group_id,
         # Accepted past its tenant's budget (on_budget: wait): nothing is sent before the reset.
