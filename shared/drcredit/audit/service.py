@@ -162,7 +162,7 @@ def document(row: m.Audit) -> dict[str, Any]:
     if row.status != "done":
         status = shown_status(row)
         message = f"audit {row.audit_id!r} is {status}" + (f": {row.error}" if row.error else "")
-        if _held(row) and row.held_until is not None:
+        if held_for_budget(row.status, row.held_until) and row.held_until is not None:
             message += (
                 f": its tenant's {row.held_for} is used up; it runs when it resets at {row.held_until.isoformat()}"
             )
@@ -174,18 +174,14 @@ def document(row: m.Audit) -> dict[str, Any]:
     return {**summary(row), "labelers": None, **report}
 
 
-def _held(row: m.Audit) -> bool:
-    return held_for_budget(row.status, row.held_until)
-
-
 def shown_status(row: m.Audit) -> str:
     """The status a client is told: a held audit is ``waiting_for_budget``."""
-    return "waiting_for_budget" if _held(row) else row.status
+    return "waiting_for_budget" if held_for_budget(row.status, row.held_until) else row.status
 
 
 def summary(row: m.Audit) -> dict[str, Any]:
     """What is known of an audit at any status (its listing entry)."""
-    held_until = row.held_until if _held(row) else None
+    held_until = row.held_until if held_for_budget(row.status, row.held_until) else None
     return {
         "audit_id": row.audit_id,
         "status": shown_status(row),
