@@ -17,10 +17,11 @@ from email.utils import format_datetime
 
 import pytest
 
-from drcredit.judges.fleet import limits, rates, transport
+from drcredit.judges.fleet import latency, limits, rates, transport
 from drcredit.judges.fleet.endpoints import DEFAULT_BASE_URL, EndpointConfig, parse_endpoints
 from drcredit.judges.fleet.health import ALIVE_WINDOW_S, FAILURES_TO_OPEN, PROBE_INITIAL_S, EndpointHealth
-from drcredit.judges.fleet.limits import LatencyWatch, LimitState
+from drcredit.judges.fleet.latency import LatencyWatch
+from drcredit.judges.fleet.limits import LimitState
 from drcredit.judges.fleet.router import Fleet
 from drcredit.judges.fleet.state import Endpoint
 from drcredit.judges.fleet.store import EndpointRecord, ProcessReport, demand_share
@@ -129,18 +130,18 @@ def test_the_limit_never_falls_below_one_nor_rises_above_its_cap() -> None:
 
 def test_latency_is_inflated_when_the_recent_median_passes_its_base_by_the_inflation() -> None:
     watch = LatencyWatch()
-    verdicts = [watch.observe(1.0) for _ in range(limits.RECENT)]
-    assert verdicts[:-1] == [None] * (limits.RECENT - 1) and verdicts[-1] is not None
+    verdicts = [watch.observe(1.0) for _ in range(latency.RECENT)]
+    assert verdicts[:-1] == [None] * (latency.RECENT - 1) and verdicts[-1] is not None
     assert watch.base == 1.0
     # Calls queue in the server: each answer takes longer; the median of the last 16
     # (their 9th smallest) passes 2x the base with the 8th slow answer.
-    late = [v is not None and v.ratio > limits.INFLATION for v in (watch.observe(2.5) for _ in range(limits.RECENT))]
-    assert late.index(True) == limits.RECENT // 2 - 1
+    late = [v is not None and v.ratio > limits.INFLATION for v in (watch.observe(2.5) for _ in range(latency.RECENT))]
+    assert late.index(True) == latency.RECENT // 2 - 1
 
 
 def test_a_uniformly_slow_server_is_not_inflated() -> None:
     watch = LatencyWatch()
-    verdicts = [watch.observe(5.0) for _ in range(3 * limits.RECENT)]
+    verdicts = [watch.observe(5.0) for _ in range(3 * latency.RECENT)]
     assert all(v is None or v.ratio == 1.0 for v in verdicts)
 
 
@@ -444,9 +445,9 @@ def test_late_answers_cut_the_limit_only_while_the_endpoint_is_busy() -> None:
                 lease = fleet._lease(e, probe=False)  # sent with in_flight out, itself included
                 fleet.answered(lease, latency)
 
-            for _ in range(limits.RECENT):
+            for _ in range(latency.RECENT):
                 answer(1.0, 10)  # the base: 1 s
-            for _ in range(limits.RECENT // 2):
+            for _ in range(latency.RECENT // 2):
                 answer(3.0, late_in_flight)
             return e.record.limit.limit
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from drcredit import metrics
 from drcredit.judges.fleet import limits
+from drcredit.judges.fleet.latency import LatencyWatch
 from drcredit.judges.fleet.rates import (
     ACCEPTED_WINDOW_S,
     MAX_SEND_GAP_S,
@@ -118,7 +119,21 @@ class Learning:
                 e.latency.after_queue_cut = True
         elif action == limits.REBASE:
             e.latency.rebase()
+            e.record = replace(e.record, limit=limits.slower(e.record.limit))
+            self._background_update(e, lambda r: replace(r, limit=limits.slower(r.limit)))
             log.info("judge endpoint %s is slower by itself: its base is now %.2f s", e.url, e.latency.base or 0.0)
+        elif action == limits.REGROW and verdict is not None and busy:
+            log.info(
+                "judge endpoint %s answers %.2fx its base with %.0f in flight: limit %.0f regrows toward %.0f",
+                e.url,
+                verdict.ratio,
+                verdict.load,
+                state.limit,
+                state.peak or 0.0,
+            )
+            self._change(lease, lambda s: limits.regrown(s, lease.epoch))
+            e.latency.forget_recent()
+            e.latency.after_queue_cut = False
         else:
             if verdict is not None:
                 e.latency.after_queue_cut = False
@@ -238,7 +253,7 @@ class Learning:
             e.grown = 0.0
             # Its latency is learnt again too (it may be another server now): kept, the
             # answers slowed by the load before its outage sent every call to the others.
-            e.latency = limits.LatencyWatch()
+            e.latency = LatencyWatch()
             self._background_update(e, lambda r: replace(r, limit=limits.relearned(r.limit, before)))
         for listener in self.listeners:
             try:

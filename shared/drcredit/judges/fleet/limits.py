@@ -18,12 +18,22 @@ the first wave built would outlast the answer timeout); then it grows again by a
 calls a round until the next late verdict, so the limit stays between its slots and
 twice as many, and the calls beyond wait in the platform (in priority order, no
 timeout running). From the first queue cut the base may fall but no longer rise on
-its own (:meth:`LatencyWatch.hold`): a queue growing a few calls a round would otherwise
+its own (:meth:`~drcredit.judges.fleet.latency.LatencyWatch.hold`): a queue growing a few calls a round would otherwise
 carry it up with the latency, and no answer would ever read as late. A call that times
 out while the endpoint answers others is a queue too: the slots are fewer than ``load x
 base / timeout`` (:func:`timed_out`). A late verdict right after a queue cut, from calls
 sent within the new limit, says the server itself slowed
 (other clients, longer prompts): the base is learnt again instead of cutting twice.
+
+A queue cut can be wrong: answers made late by the client's own machine (its cores
+saturated) read as a queue, and the additive increase then took minutes to give back
+what the cut took (BENCHMARKS.md, round 25). So after a queue cut, a round of answers
+back near the base (:data:`CLEAR_RATIO`) with the limit in use (:data:`IN_USE`) says
+the server has slots to spare: the limit regrows by :data:`REGROWTH` per round, never
+past what it was before the cut (``peak``), while it is under :data:`REGROW_BELOW` of
+that. A cut within the band the limit keeps to (from twice the slots to the slots and
+a quarter) takes less than that and is not given back: regrown, a 64-slot server was
+sent twice its slots most of a step.
 
 Growth and the latency verdicts need the endpoint busy (half a process's share in
 flight): only then is the limit what the answers' pace says something about. A cut
@@ -37,10 +47,9 @@ The state is a plain value, fleet-wide per endpoint (shared between processes th
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+
+from drcredit.judges.fleet.latency import Verdict
 
 #: Calls in flight to an endpoint before anything is known of it (fleet-wide).
 INITIAL_LIMIT = 64.0
@@ -69,22 +78,24 @@ ERROR_CUT = 0.7
 #: event loop) read as a queue: a replica taking over a killed one's calls was cut to a
 #: fraction of its pace.
 INFLATION = 2.0
-#: In slow start, one answer over this multiple of the base does not grow the limit: a
-#: queue of one service time per slot is 2x, and waiting for the median let slow start
-#: send a 32-slot server ten times its slots.
-SLOW_START_INFLATION = 1.5
 #: The limit set on a late verdict: the estimated slots and this much more, so that a
 #: slot freed is taken at once (each answer's round trip) and the estimate's noise
 #: (a lognormal server's median) does not leave slots idle.
 HEADROOM = 1.25
-#: Answers the recent median is taken over.
-RECENT = 16
-#: The base is this low quantile of the last :data:`BASE_MEMORY` medians of the recent
-#: answers: low enough to be the latency when nothing queues (each cut lets the queue
-#: drain), high enough that a noisy server's luckiest windows do not set it. A running
-#: minimum did: it only fell, and a lognormal judge's limit sank to half its slots.
-BASE_QUANTILE = 0.1
-BASE_MEMORY = 256
+#: After a queue cut, answers whose recent median is within this multiple of the base
+#: show no queue worth the name: a cut to the slots with :data:`HEADROOM` reads about
+#: 1.25x at full use, a server with slots to spare about 1x (a noisy server's base, a
+#: low quantile, puts both a little higher).
+CLEAR_RATIO = 1.2
+#: ... while the calls sent with them were at least this share of the limit: the limit,
+#: not the demand, is what held the calls back.
+IN_USE = 0.8
+#: How much a clear round regrows a cut limit (toward the limit before the cut).
+REGROWTH = 1.5
+#: ... while the limit is under this share of the limit before the cut: a queue cut of
+#: the limit's own band (late at twice the slots, set to the slots with
+#: :data:`HEADROOM`) takes 0.6 of it, not more.
+REGROW_BELOW = 0.5
 
 
 #: An endpoint that declares its rate is paced under it: its limit is at least the calls
@@ -108,6 +119,9 @@ class LimitState:
     queues: bool = False
     #: Its slots as last estimated from a queue (None: never seen queueing).
     slots: float | None = None
+    #: The limit before the last queue cut: clear answers regrow toward it (None: no cut
+    #: to give back).
+    peak: float | None = None
 
     @property
     def slow_start(self) -> bool:
@@ -138,7 +152,7 @@ def cut(state: LimitState, sent_epoch: int, factor: float) -> LimitState:
     if sent_epoch < state.epoch:
         return state
     limit = state.bounded(state.limit * factor)
-    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1)
+    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, peak=None)
 
 
 def queued(state: LimitState, sent_epoch: int, slots: float) -> LimitState:
@@ -148,7 +162,9 @@ def queued(state: LimitState, sent_epoch: int, slots: float) -> LimitState:
     if sent_epoch < state.epoch:
         return state
     limit = state.bounded(min(state.limit, slots * HEADROOM))
-    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots)
+    return replace(
+        state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots, peak=state.limit
+    )
 
 
 def timed_out(state: LimitState, sent_epoch: int, load: float, base: float | None, waited_s: float) -> LimitState:
@@ -165,7 +181,20 @@ def timed_out(state: LimitState, sent_epoch: int, load: float, base: float | Non
         slots = load * base / waited_s
         limit = min(limit, slots * HEADROOM)
     limit = state.bounded(limit)
-    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots)
+    return replace(
+        state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots, peak=state.limit
+    )
+
+
+def regrown(state: LimitState, sent_epoch: int) -> LimitState:
+    """A round of answers to calls sent in ``sent_epoch`` came back clear with the limit
+    in use: it grows by :data:`REGROWTH`, up to ``peak``, in a new round (the next
+    verdict is read from calls sent under the new limit), while it is under
+    :data:`REGROW_BELOW` of ``peak``."""
+    if sent_epoch < state.epoch or state.peak is None or state.limit >= REGROW_BELOW * state.peak:
+        return state
+    limit = state.bounded(min(state.peak, state.limit * REGROWTH))
+    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1)
 
 
 def rate_floor(rpm: float, latency_s: float) -> float:
@@ -193,6 +222,14 @@ def growth_pace(state: LimitState, in_flight: int, proven: float, share: int, la
     return share / max(SLOW_START_SPREAD * latency_s, 1e-3)
 
 
+def slower(state: LimitState) -> LimitState:
+    """The server itself slowed (its base was learnt again): the limit before the last
+    cut described the server it was, and nothing regrows toward it. Kept, a base learnt
+    from queued answers (6 s on a 2 s server with 32 slots) made its queue read clear,
+    and the regrowth sent it 224 calls at once (BENCHMARKS.md, round 26)."""
+    return state if state.peak is None else replace(state, peak=None)
+
+
 def relearned(state: LimitState, before: float | None = None) -> LimitState:
     """The endpoint is back after an outage. The cuts its outage caused (its calls failing
     to connect until it was taken out) say nothing of its capacity: it gets back
@@ -202,7 +239,7 @@ def relearned(state: LimitState, before: float | None = None) -> LimitState:
     Kept at the cut value, a replica restarted after a kill came back at one call and
     served none of the next step's first third (BENCHMARKS.md, eighteenth round)."""
     limit = state.bounded(max(state.limit, before or 0.0, INITIAL_LIMIT))
-    return replace(state, limit=limit, ssthresh=math.inf, epoch=state.epoch + 1)
+    return replace(state, limit=limit, ssthresh=math.inf, epoch=state.epoch + 1, peak=None)
 
 
 def capped(state: LimitState, cap: float | None) -> LimitState:
@@ -213,29 +250,8 @@ def capped(state: LimitState, cap: float | None) -> LimitState:
     return replace(limited, limit=limited.bounded(state.limit))
 
 
-class Verdict(NamedTuple):
-    """What the recent answers say of the server's queue."""
-
-    #: Their median latency over the base.
-    ratio: float
-    #: The median of the calls in flight (fleet-wide) when they were sent.
-    load: float
-    #: The slots they imply (Little's law): the median of ``load x base / latency``.
-    slots: float
-
-
-def verdict_of(samples: Sequence[tuple[float, float]], base: float) -> Verdict:
-    """``samples``: (latency, load at sending) of recent answers; ``base``: the latency
-    of the server when nothing queues."""
-    middle = len(samples) // 2
-    latency = sorted(lat for lat, _ in samples)[middle]
-    load = sorted(load for _, load in samples)[middle]
-    slots = sorted(load * base / lat for lat, load in samples if lat > 0)[middle]
-    return Verdict(latency / base, load, slots)
-
-
 #: What an answer's verdict asks of the limit.
-GROW, HOLD, QUEUE, REBASE = "grow", "hold", "queue", "rebase"
+GROW, HOLD, QUEUE, REBASE, REGROW = "grow", "hold", "queue", "rebase", "regrow"
 
 
 def respond(
@@ -252,97 +268,22 @@ def respond(
     the server itself slowed, and the base is learnt again. In slow start an answer
     late on its own (``late_one``) does not grow the limit: slow start quadruples per
     round, and waiting for the median let it send a 32-slot server ten times its
-    slots. Else it grows: past slow start by a few calls a round, up to the next late
-    verdict (holding below it instead left a server whose base was read low, from the
-    quickest answers of a noisy first wave, at half its slots)."""
+    slots. Clear answers (:data:`CLEAR_RATIO`) with the limit in use (:data:`IN_USE`)
+    under :data:`REGROW_BELOW` of a cut's ``peak`` regrow it. Else it grows: past slow start by a few calls a
+    round, up to the next late verdict (holding below it instead left a server whose
+    base was read low, from the quickest answers of a noisy first wave, at half its
+    slots)."""
     if verdict is not None and verdict.ratio > INFLATION:
         return REBASE if after_queue_cut and drained and verdict.load <= state.limit else QUEUE
+    if (
+        verdict is not None
+        and not state.slow_start
+        and state.peak is not None
+        and state.limit < REGROW_BELOW * state.peak
+        and verdict.ratio <= CLEAR_RATIO
+        and verdict.load >= IN_USE * state.limit
+    ):
+        return REGROW
     if state.slow_start and late_one:
         return HOLD
     return GROW
-
-
-class LatencyWatch:
-    """Tells answers slowed by queueing inside the server from the server's own pace.
-
-    The base is a low quantile (:data:`BASE_QUANTILE`) of the medians of the recent
-    answers over the last :data:`BASE_MEMORY` answers (each median, where the window
-    mixes light and heavy loads, from the answers sent with the fewest calls ahead): it
-    follows a faster server at once and a slower one within that memory. Per process
-    and endpoint.
-
-    Once the endpoint has been cut for queueing, the base is held: it follows a faster
-    server still, but rises only when :meth:`rebase` says the server itself slowed. At
-    64 answers a second the memory is 4-8 s, and a queue growing by the additive
-    increase's few calls a round carried the base up with the latency: no answer read as
-    late and a 64-slot server was sent 325 calls at once (BENCHMARKS.md, round 20).
-    """
-
-    def __init__(self) -> None:
-        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT)
-        self._medians: deque[float] = deque(maxlen=BASE_MEMORY)
-        self.base: float | None = None
-        #: Smoothed latency of answers (the router's estimate of the endpoint's pace).
-        self.ewma: float | None = None
-        #: The last verdict acted on was a queue cut.
-        self.after_queue_cut = False
-        #: The quickest answer yet (the base's stand-in before there is one).
-        self.fastest: float | None = None
-        #: The highest the base may be since the first queue cut (None: not held).
-        self.held: float | None = None
-
-    def _light_median(self) -> float:
-        """The median latency of the answers sent with at most half the window's median
-        load (math.inf with fewer than three): in a first wave sent at once into a few
-        slots, the window's own median is already queued, and these are the calls that
-        met the fewest ahead of them."""
-        loads = sorted(load for _, load in self._recent)
-        light = sorted(lat for lat, load in self._recent if load <= loads[len(loads) // 2] / 2)
-        return light[len(light) // 2] if len(light) >= 3 else math.inf
-
-    def track(self, latency_s: float) -> None:
-        """An answer's latency for the router's pace only (its call was sent before a cut)."""
-        self.ewma = latency_s if self.ewma is None else self.ewma + 0.2 * (latency_s - self.ewma)
-        self.fastest = latency_s if self.fastest is None else min(self.fastest, latency_s)
-
-    def observe(self, latency_s: float, load: float = 1.0) -> Verdict | None:
-        """Record an answer's latency and the calls in flight when it was sent; the
-        recent answers' verdict (None until there are :data:`RECENT` of them)."""
-        self.track(latency_s)
-        self._recent.append((latency_s, load))
-        if len(self._recent) < RECENT:
-            return None
-        median = sorted(lat for lat, _ in self._recent)[RECENT // 2]
-        self._medians.append(min(median, self._light_median()))
-        self.base = sorted(self._medians)[int(len(self._medians) * BASE_QUANTILE)]
-        if self.held is not None:
-            self.base = min(self.base, self.held)
-        return verdict_of(self._recent, self.base)
-
-    def late(self, latency_s: float) -> bool:
-        """This answer alone is over :data:`SLOW_START_INFLATION` of the base (before there is one,
-        of the median of the first answers, once there are a few)."""
-        reference = self.base
-        if reference is None and len(self._recent) >= RECENT // 4:
-            reference = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
-        return reference is not None and latency_s > SLOW_START_INFLATION * reference
-
-    def hold(self) -> None:
-        """A queue cut: from now on the base does not rise past what it is (until
-        :meth:`rebase`); it may still fall (a faster server, the queue drained)."""
-        if self.base is not None:
-            self.held = self.base if self.held is None else min(self.held, self.base)
-
-    def forget_recent(self) -> None:
-        """After a cut: the next verdict waits for answers to calls sent under the new limit."""
-        self._recent.clear()
-
-    def rebase(self) -> None:
-        """The server itself is slower now: its base is the recent median."""
-        if self._recent:
-            self.base = sorted(lat for lat, _ in self._recent)[len(self._recent) // 2]
-            self._medians.clear()
-            self._medians.append(self.base)
-            self.held = self.base if self.held is not None else None
-        self._recent.clear()
-        self.after_queue_cut = False

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.health import EndpointHealth
-from drcredit.judges.fleet.limits import LatencyWatch
+from drcredit.judges.fleet.latency import LatencyWatch
 from drcredit.judges.fleet.store import EndpointRecord
 from drcredit.tenancy.owner import Owner
 
