@@ -18,8 +18,9 @@ the first wave built would outlast the answer timeout); then it grows again by a
 calls a round until the next late verdict, so the limit stays between its slots and
 twice as many, and the calls beyond wait in the platform (in priority order, no
 timeout running). From the first queue cut the base may fall but no longer rise on
-its own (:meth:`~drcredit.judges.fleet.latency.LatencyWatch.hold`): a queue growing a few calls a round would otherwise
-carry it up with the latency, and no answer would ever read as late. A call that times
+its own (:meth:`~drcredit.judges.fleet.latency.LatencyWatch.hold`): a queue growing a
+few calls a round would otherwise carry it up with the latency, and no answer would
+ever read as late. A call that times
 out while the endpoint answers others is a queue too: the slots are fewer than ``load x
 base / timeout`` (:func:`timed_out`). A late verdict right after a queue cut, from calls
 sent within the new limit, says the server itself slowed
@@ -269,8 +270,8 @@ def respond(
     late on its own (``late_one``) does not grow the limit: slow start quadruples per
     round, and waiting for the median let it send a 32-slot server ten times its
     slots. Clear answers (:data:`CLEAR_RATIO`) with the limit in use (:data:`IN_USE`)
-    under :data:`REGROW_BELOW` of a cut's ``peak`` regrow it. Else it grows: past slow start by a few calls a
-    round, up to the next late verdict (holding below it instead left a server whose
+    under :data:`REGROW_BELOW` of a cut's ``peak`` regrow it. Else it grows: past slow
+    start by a few calls a round, up to the next late verdict (holding below it instead left a server whose
     base was read low, from the quickest answers of a noisy first wave, at half its
     slots)."""
     if verdict is not None and verdict.ratio > INFLATION:
