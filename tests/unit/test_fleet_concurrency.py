@@ -5,14 +5,13 @@ values worked by hand from the rule (Little's law: a call sent with ``L`` in fli
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 
 from drcredit.judges.fleet import latency, limits
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.latency import LatencyWatch, Verdict
-from drcredit.judges.fleet.limits import GROW, HOLD, QUEUE, REBASE, REGROW, LimitState
+from drcredit.judges.fleet.limits import GROW, HOLD, QUEUE, REBASE, LimitState
 from drcredit.judges.fleet.router import Fleet
 from tests.support import aio
 
@@ -45,14 +44,6 @@ def test_a_verdict_is_the_median_latency_over_the_base_and_the_median_slots_impl
             QUEUE,
         ),
         (LimitState(40, 40, 1, queues=True), Verdict(2.5, 64, 16), {"after_queue_cut": True}, QUEUE),
-        # Cut from 200: answers within 1.2x the base with 0.8 x 40 = 32 or more in flight regrow it.
-        (LimitState(40, 40, 1, queues=True, peak=200), Verdict(1.2, 32, 40), {}, REGROW),
-        (LimitState(40, 40, 1, queues=True, peak=200), Verdict(1.21, 40, 33), {}, GROW),  # a queue of note
-        (LimitState(40, 40, 1, queues=True, peak=200), Verdict(1.0, 31, 31), {}, GROW),  # the limit not in use
-        (LimitState(40, 40, 1, queues=True), Verdict(1.0, 40, 40), {}, GROW),  # no cut to give back
-        (LimitState(100, 100, 1, queues=True, peak=200), Verdict(1.0, 100, 100), {}, GROW),  # half given back
-        (LimitState(84, 84, 1, queues=True, peak=140), Verdict(1.0, 84, 84), {}, GROW),  # a cut in the band
-        (LimitState(40, math.inf, 1, peak=200), Verdict(1.0, 40, 40), {}, GROW),  # slow start grows anyway
     ],
 )
 def test_what_a_verdict_asks_of_the_limit(
@@ -63,7 +54,7 @@ def test_what_a_verdict_asks_of_the_limit(
 
 def test_a_queue_sets_the_limit_to_the_slots_with_the_headroom_once_per_round() -> None:
     after = limits.queued(LimitState(limit=256.0), sent_epoch=0, slots=32.0)
-    assert after == LimitState(limit=40.0, ssthresh=40.0, epoch=1, queues=True, slots=32.0, peak=256.0)  # 32 x 1.25
+    assert after == LimitState(limit=40.0, ssthresh=40.0, epoch=1, queues=True, slots=32.0)  # 32 x 1.25
     assert limits.queued(after, sent_epoch=0, slots=8.0) is after  # sent before the cut
     # An estimate above the limit does not raise it, but ends slow start.
     kept = limits.queued(LimitState(limit=64.0), sent_epoch=0, slots=100.0)
@@ -73,36 +64,13 @@ def test_a_queue_sets_the_limit_to_the_slots_with_the_headroom_once_per_round() 
 def test_a_timeout_under_load_bounds_the_slots_by_load_times_base_over_the_wait() -> None:
     # 200 in flight when sent, base 2 s, no answer in 20 s: fewer than 200 x 2 / 20 = 20 slots.
     after = limits.timed_out(LimitState(limit=100.0), sent_epoch=0, load=200.0, base=2.0, waited_s=20.0)
-    assert after == LimitState(limit=25.0, ssthresh=25.0, epoch=1, queues=True, slots=20.0, peak=100.0)  # 20 x 1.25
+    assert after == LimitState(limit=25.0, ssthresh=25.0, epoch=1, queues=True, slots=20.0)  # 20 x 1.25
     # A bound above 0.7x the limit: the error cut (100 x 0.7).
     loose = limits.timed_out(LimitState(limit=100.0), sent_epoch=0, load=2000.0, base=2.0, waited_s=20.0)
     assert loose.limit == pytest.approx(70.0)
     # No latency known yet: the error cut alone.
     assert limits.timed_out(LimitState(limit=100.0), 0, 200.0, None, 20.0).limit == pytest.approx(70.0)
     assert limits.timed_out(after, sent_epoch=0, load=200.0, base=2.0, waited_s=20.0) is after
-
-
-def test_a_cut_limit_regrows_by_half_a_clear_round_while_under_half_of_where_it_was() -> None:
-    cut = limits.queued(LimitState(limit=200.0, ssthresh=200.0), sent_epoch=0, slots=32.0)
-    assert (cut.limit, cut.peak, cut.epoch) == (40.0, 200.0, 1)
-    once = limits.regrown(cut, sent_epoch=1)
-    # 40 x 1.5 = 60, in a new round, past slow start
-    assert (once.limit, once.ssthresh, once.epoch, once.peak) == (60.0, 60.0, 2, 200.0)
-    assert limits.regrown(once, sent_epoch=1) is once  # a call sent before: once per round
-    twice = limits.regrown(once, 2)
-    assert twice.limit == 90.0  # 60 x 1.5, under half of 200 still
-    thrice = limits.regrown(twice, 3)
-    assert thrice.limit == 135.0  # over half of 200: given back as far as regrowth goes
-    assert limits.regrown(thrice, 4) is thrice  # from here the additive increase
-    # A cut within the limit's band (late at about twice the slots, set to the slots and
-    # a quarter: 140 -> 67 x 1.25 = 83.75) takes under half: nothing to regrow.
-    band = limits.queued(LimitState(limit=140.0, ssthresh=140.0), sent_epoch=0, slots=67.0)
-    assert band.limit == pytest.approx(83.75) and limits.regrown(band, 1) is band
-    # A server slower by itself (its base learnt again): the old limit says nothing of it.
-    assert limits.slower(twice).peak is None and limits.slower(twice).limit == twice.limit
-    # An error cut (a 429, a 5xx) is not a queue estimate: nothing to give back.
-    assert limits.cut(cut, sent_epoch=1, factor=0.7).peak is None
-    assert limits.relearned(cut).peak is None
 
 
 def test_a_declared_rate_floors_the_limit_at_twice_the_calls_it_keeps_in_flight() -> None:
@@ -199,67 +167,6 @@ def test_late_answers_under_load_cut_the_limit_to_the_slots_and_hold_the_base() 
     assert e.record.limit.queues and e.record.limit.slots == pytest.approx(25.0)
     assert e.record.limit.limit == pytest.approx(25.0 * limits.HEADROOM)
     assert e.latency.held == 1.0 and e.latency.after_queue_cut
-
-
-def test_clear_answers_with_the_limit_in_use_after_a_queue_cut_regrow_it() -> None:
-    async def run() -> list[float]:
-        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: 0.0)
-        e = fleet.endpoints[0]
-        e.record = dataclasses.replace(e.record, limit=LimitState(400.0, ssthresh=400.0))
-        # 16 answers in 1 s sent with 100 in flight (the base: 1 s), then 8 in 4 s sent
-        # with 400 (a saturated machine made them late): the median of the last 16 is 4x
-        # the base, every one implies 100 slots (100 x 1 / 1, 400 x 1 / 4): cut to 125.
-        for took, in_flight in [(1.0, 99)] * latency.RECENT + [(4.0, 399)] * (latency.RECENT // 2):
-            e.in_flight = in_flight
-            fleet.answered(fleet._lease(e, probe=False), took)
-        seen = [e.record.limit.limit]
-        # Then rounds of 16 answers at the base, sent with the limit in flight.
-        for _ in range(4):
-            e.in_flight = int(e.record.limit.limit) - 1
-            for _ in range(latency.RECENT):
-                fleet.answered(fleet._lease(e, probe=False), 1.0)
-            seen.append(e.record.limit.limit)
-        return seen
-
-    seen = aio.run(run())
-    assert seen[0] == 125.0
-    # Each round's 16th answer makes a clear verdict: x 1.5 (the 15 answers before it add
-    # 4 / limit each, the additive increase: 15 x 4 / 125 = 0.48 in the first round) ...
-    assert seen[1] == pytest.approx((125.0 + 15 * 4 / 125.0) * 1.5, rel=1e-3)  # 188.2
-    # ... while under half the limit before the cut: 400 and the additive increase of the
-    # 7 late answers before the 8th cut it (4 / 400 each), 200.04.
-    assert seen[1] < (400.0 + 7 * 4 / 400.0) / 2
-    assert seen[2] == pytest.approx(seen[1] * 1.5, rel=2e-3)  # 282.6
-    # Over half: from there only the additive increase, 16 x 4 / 282.6 a round.
-    assert seen[3] == pytest.approx(seen[2] + 16 * 4 / seen[2], rel=1e-4)
-    assert seen[4] == pytest.approx(seen[3] + 16 * 4 / seen[3], rel=1e-4)
-
-
-def test_a_server_slower_by_itself_after_a_queue_cut_is_not_regrown_toward_the_old_limit() -> None:
-    async def run() -> tuple[float | None, LimitState]:
-        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: 0.0)
-        e = fleet.endpoints[0]
-        e.record = dataclasses.replace(e.record, limit=LimitState(400.0, ssthresh=400.0))
-        # Cut to 125 as above (base 1 s, 100 slots implied) ...
-        for took, in_flight in [(1.0, 99)] * latency.RECENT + [(4.0, 399)] * (latency.RECENT // 2):
-            e.in_flight = in_flight
-            fleet.answered(fleet._lease(e, probe=False), took)
-        # ... then 16 answers in 3 s to calls sent within it, the old ones answered (99
-        # in flight, fewer than the 125 allowed): the server itself is slower.
-        for _ in range(latency.RECENT):
-            e.in_flight = 99
-            fleet.answered(fleet._lease(e, probe=False), 3.0)
-        # Now at its new base: clear answers with the limit in use.
-        for _ in range(latency.RECENT):
-            e.in_flight = 124
-            fleet.answered(fleet._lease(e, probe=False), 3.0)
-        return e.latency.base, e.record.limit  # as this process holds them
-
-    base, state = aio.run(run())
-    assert base == 3.0 and state.peak is None
-    # No regrowth, only the additive increase: 4 / limit for each of the 31 answers
-    # after the cut (busy: 100 or 125 in flight, against a share of 125).
-    assert state.limit == pytest.approx(125.0 + 31 * 4 / 125.0, rel=1e-3)
 
 
 def test_a_timeout_when_nothing_answers_counts_toward_taking_the_endpoint_out() -> None:

@@ -119,21 +119,7 @@ class Learning:
                 e.latency.after_queue_cut = True
         elif action == limits.REBASE:
             e.latency.rebase()
-            e.record = replace(e.record, limit=limits.slower(e.record.limit))
-            self._background_update(e, lambda r: replace(r, limit=limits.slower(r.limit)))
             log.info("judge endpoint %s is slower by itself: its base is now %.2f s", e.url, e.latency.base or 0.0)
-        elif action == limits.REGROW and verdict is not None and busy:
-            log.info(
-                "judge endpoint %s answers %.2fx its base with %.0f in flight: limit %.0f regrows toward %.0f",
-                e.url,
-                verdict.ratio,
-                verdict.load,
-                state.limit,
-                state.peak or 0.0,
-            )
-            self._change(lease, lambda s: limits.regrown(s, lease.epoch))
-            e.latency.forget_recent()
-            e.latency.after_queue_cut = False
         else:
             if verdict is not None:
                 e.latency.after_queue_cut = False

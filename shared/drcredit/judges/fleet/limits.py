@@ -26,16 +26,6 @@ base / timeout`` (:func:`timed_out`). A late verdict right after a queue cut, fr
 sent within the new limit, says the server itself slowed
 (other clients, longer prompts): the base is learnt again instead of cutting twice.
 
-A queue cut can be wrong: answers made late by the client's own machine (its cores
-saturated) read as a queue, and the additive increase then took minutes to give back
-what the cut took (BENCHMARKS.md, round 25). So after a queue cut, a round of answers
-back near the base (:data:`CLEAR_RATIO`) with the limit in use (:data:`IN_USE`) says
-the server has slots to spare: the limit regrows by :data:`REGROWTH` per round, never
-past what it was before the cut (``peak``), while it is under :data:`REGROW_BELOW` of
-that. A cut within the band the limit keeps to (from twice the slots to the slots and
-a quarter) takes less than that and is not given back: regrown, a 64-slot server was
-sent twice its slots most of a step.
-
 Growth and the latency verdicts need the endpoint busy (half a process's share in
 flight): only then is the limit what the answers' pace says something about. A cut
 applies once per round: answers to calls sent before the last cut say nothing about the
@@ -83,20 +73,6 @@ INFLATION = 2.0
 #: slot freed is taken at once (each answer's round trip) and the estimate's noise
 #: (a lognormal server's median) does not leave slots idle.
 HEADROOM = 1.25
-#: After a queue cut, answers whose recent median is within this multiple of the base
-#: show no queue worth the name: a cut to the slots with :data:`HEADROOM` reads about
-#: 1.25x at full use, a server with slots to spare about 1x (a noisy server's base, a
-#: low quantile, puts both a little higher).
-CLEAR_RATIO = 1.2
-#: ... while the calls sent with them were at least this share of the limit: the limit,
-#: not the demand, is what held the calls back.
-IN_USE = 0.8
-#: How much a clear round regrows a cut limit (toward the limit before the cut).
-REGROWTH = 1.5
-#: ... while the limit is under this share of the limit before the cut: a queue cut of
-#: the limit's own band (late at twice the slots, set to the slots with
-#: :data:`HEADROOM`) takes 0.6 of it, not more.
-REGROW_BELOW = 0.5
 
 
 #: An endpoint that declares its rate is paced under it: its limit is at least the calls
@@ -120,9 +96,6 @@ class LimitState:
     queues: bool = False
     #: Its slots as last estimated from a queue (None: never seen queueing).
     slots: float | None = None
-    #: The limit before the last queue cut: clear answers regrow toward it (None: no cut
-    #: to give back).
-    peak: float | None = None
 
     @property
     def slow_start(self) -> bool:
@@ -153,7 +126,7 @@ def cut(state: LimitState, sent_epoch: int, factor: float) -> LimitState:
     if sent_epoch < state.epoch:
         return state
     limit = state.bounded(state.limit * factor)
-    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, peak=None)
+    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1)
 
 
 def queued(state: LimitState, sent_epoch: int, slots: float) -> LimitState:
@@ -163,9 +136,7 @@ def queued(state: LimitState, sent_epoch: int, slots: float) -> LimitState:
     if sent_epoch < state.epoch:
         return state
     limit = state.bounded(min(state.limit, slots * HEADROOM))
-    return replace(
-        state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots, peak=state.limit
-    )
+    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots)
 
 
 def timed_out(state: LimitState, sent_epoch: int, load: float, base: float | None, waited_s: float) -> LimitState:
@@ -182,20 +153,7 @@ def timed_out(state: LimitState, sent_epoch: int, load: float, base: float | Non
         slots = load * base / waited_s
         limit = min(limit, slots * HEADROOM)
     limit = state.bounded(limit)
-    return replace(
-        state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots, peak=state.limit
-    )
-
-
-def regrown(state: LimitState, sent_epoch: int) -> LimitState:
-    """A round of answers to calls sent in ``sent_epoch`` came back clear with the limit
-    in use: it grows by :data:`REGROWTH`, up to ``peak``, in a new round (the next
-    verdict is read from calls sent under the new limit), while it is under
-    :data:`REGROW_BELOW` of ``peak``."""
-    if sent_epoch < state.epoch or state.peak is None or state.limit >= REGROW_BELOW * state.peak:
-        return state
-    limit = state.bounded(min(state.peak, state.limit * REGROWTH))
-    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1)
+    return replace(state, limit=limit, ssthresh=limit, epoch=state.epoch + 1, queues=True, slots=slots)
 
 
 def rate_floor(rpm: float, latency_s: float) -> float:
@@ -223,14 +181,6 @@ def growth_pace(state: LimitState, in_flight: int, proven: float, share: int, la
     return share / max(SLOW_START_SPREAD * latency_s, 1e-3)
 
 
-def slower(state: LimitState) -> LimitState:
-    """The server itself slowed (its base was learnt again): the limit before the last
-    cut described the server it was, and nothing regrows toward it. Kept, a base learnt
-    from queued answers (6 s on a 2 s server with 32 slots) made its queue read clear,
-    and the regrowth sent it 224 calls at once (BENCHMARKS.md, round 26)."""
-    return state if state.peak is None else replace(state, peak=None)
-
-
 def relearned(state: LimitState, before: float | None = None) -> LimitState:
     """The endpoint is back after an outage. The cuts its outage caused (its calls failing
     to connect until it was taken out) say nothing of its capacity: it gets back
@@ -240,7 +190,7 @@ def relearned(state: LimitState, before: float | None = None) -> LimitState:
     Kept at the cut value, a replica restarted after a kill came back at one call and
     served none of the next step's first third (BENCHMARKS.md, eighteenth round)."""
     limit = state.bounded(max(state.limit, before or 0.0, INITIAL_LIMIT))
-    return replace(state, limit=limit, ssthresh=math.inf, epoch=state.epoch + 1, peak=None)
+    return replace(state, limit=limit, ssthresh=math.inf, epoch=state.epoch + 1)
 
 
 def capped(state: LimitState, cap: float | None) -> LimitState:
@@ -252,7 +202,7 @@ def capped(state: LimitState, cap: float | None) -> LimitState:
 
 
 #: What an answer's verdict asks of the limit.
-GROW, HOLD, QUEUE, REBASE, REGROW = "grow", "hold", "queue", "rebase", "regrow"
+GROW, HOLD, QUEUE, REBASE = "grow", "hold", "queue", "rebase"
 
 
 def respond(
@@ -269,22 +219,12 @@ def respond(
     the server itself slowed, and the base is learnt again. In slow start an answer
     late on its own (``late_one``) does not grow the limit: slow start quadruples per
     round, and waiting for the median let it send a 32-slot server ten times its
-    slots. Clear answers (:data:`CLEAR_RATIO`) with the limit in use (:data:`IN_USE`)
-    under :data:`REGROW_BELOW` of a cut's ``peak`` regrow it. Else it grows: past slow
-    start by a few calls a round, up to the next late verdict (holding below it instead left a server whose
+    slots. Else it grows: past slow start by a few calls a round, up to the next late
+    verdict (holding below it instead left a server whose
     base was read low, from the quickest answers of a noisy first wave, at half its
     slots)."""
     if verdict is not None and verdict.ratio > INFLATION:
         return REBASE if after_queue_cut and drained and verdict.load <= state.limit else QUEUE
-    if (
-        verdict is not None
-        and not state.slow_start
-        and state.peak is not None
-        and state.limit < REGROW_BELOW * state.peak
-        and verdict.ratio <= CLEAR_RATIO
-        and verdict.load >= IN_USE * state.limit
-    ):
-        return REGROW
     if state.slow_start and late_one:
         return HOLD
     return GROW
