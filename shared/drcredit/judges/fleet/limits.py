@@ -220,9 +220,8 @@ def respond(
     late on its own (``late_one``) does not grow the limit: slow start quadruples per
     round, and waiting for the median let it send a 32-slot server ten times its
     slots. Else it grows: past slow start by a few calls a round, up to the next late
-    verdict (holding below it instead left a server whose
-    base was read low, from the quickest answers of a noisy first wave, at half its
-    slots)."""
+    verdict (holding below it instead left a server whose base was read low, from the
+    quickest answers of a noisy first wave, at half its slots)."""
     if verdict is not None and verdict.ratio > INFLATION:
         return REBASE if after_queue_cut and drained and verdict.load <= state.limit else QUEUE
     if state.slow_start and late_one:
