@@ -20,11 +20,11 @@ twice as many, and the calls beyond wait in the platform (in priority order, no
 timeout running). From the first queue cut the base may fall but no longer rise on
 its own (:meth:`~drcredit.judges.fleet.latency.LatencyWatch.hold`): a queue growing a
 few calls a round would otherwise carry it up with the latency, and no answer would
-ever read as late. A call that times
-out while the endpoint answers others is a queue too: the slots are fewer than ``load x
-base / timeout`` (:func:`timed_out`). A late verdict right after a queue cut, from calls
-sent within the new limit, says the server itself slowed
-(other clients, longer prompts): the base is learnt again instead of cutting twice.
+ever read as late. A call that times out while the endpoint answers others is a queue
+too: the slots are fewer than ``load x base / timeout`` (:func:`timed_out`). A late
+verdict right after a queue cut, from calls sent within the new limit, says the server
+itself slowed (other clients, longer prompts): the base is learnt again instead of
+cutting twice.
 
 Growth and the latency verdicts need the endpoint busy (half a process's share in
 flight): only then is the limit what the answers' pace says something about. A cut
