@@ -204,6 +204,7 @@ class Simulator:
         if time.monotonic() < self.garbage_until:
             self.stats["garbage"] += 1
             return 200, self.garbage(body), quota
+        prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
         self.stats["open"] += 1
         self.stats["peak_open"] = max(self.stats["peak_open"], self.stats["open"])
         if self.slots is not None:
@@ -215,20 +216,24 @@ class Simulator:
         self.stats["in_flight"] += 1
         self.stats["peak_in_flight"] = max(self.stats["peak_in_flight"], self.stats["in_flight"])
         try:
+            # A server prefills a prompt (in its slot, if it has slots) before it writes
+            # the answer: the prefill and its wait for the prefill lane come first, then
+            # the latency.
             pause = self.delay()
             if self.queue is not None:
                 async with self.queue.slot():
+                    cached = await self.prefill(body["messages"], prompt_tokens)
                     await asyncio.sleep(pause)
-            elif pause:
-                await asyncio.sleep(pause)
+            else:
+                cached = await self.prefill(body["messages"], prompt_tokens)
+                if pause:
+                    await asyncio.sleep(pause)
         finally:
             self.stats["in_flight"] -= 1
             self.stats["open"] -= 1
             if self.slots is not None:
                 self.slots.release()
         answer = orjson.dumps(ANSWERS[kind](doc)).decode()
-        prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
-        cached = await self.prefix.prefill(body["messages"], prompt_tokens) if self.prefix is not None else 0
         completion_tokens = len(answer) // 4
         self.stats["prompt_tokens"] += prompt_tokens
         self.stats["completion_tokens"] += completion_tokens
@@ -253,6 +258,10 @@ class Simulator:
             ),
             quota,
         )
+
+    async def prefill(self, messages: list[dict[str, Any]], prompt_tokens: int) -> int:
+        """The prompt's prefill on this replica; its cached tokens (0 without a prefix cache)."""
+        return await self.prefix.prefill(messages, prompt_tokens) if self.prefix is not None else 0
 
     def garbage(self, body: dict[str, Any]) -> bytes:
         """An answer no judgment can be read from; the three shapes in turn."""

@@ -3,6 +3,7 @@ valid judgments (in process and over HTTP), and its naive call count is what it 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -184,6 +185,36 @@ def test_the_simulator_serves_the_openai_protocol_and_counts_requests() -> None:
     assert result.status == "ok" and result.verdict is not None
     assert sim.stats["requests"] == sim.stats["visit"] == 1
     assert sim.stats["prompt_tokens"] > 0
+
+
+def test_a_simulated_replica_prefills_before_it_answers() -> None:
+    """A server prefills a prompt first and then writes the answer: a replica with a
+    prefix cache starts the prefill as the request arrives, and the answer comes a
+    latency after the prefill ended (it once served the latency first, so its prefill
+    lane stood idle for the first latency of every step)."""
+    from bench.prefix_cache import PrefixCache
+
+    g = GROUPS[0]
+    turn = next(t for r in g.rollouts for t in r.turns if isinstance(t, VisitTurn) and t.usable_pages)
+    latency = 0.4
+    sim = Simulator(
+        latency=latency,
+        sigma=0.0,
+        concurrency=0,
+        error_rate=0.0,
+        seed=1,
+        prefix=PrefixCache(capacity_blocks=4096, block_chars=256, prefill_s_per_token=1e-6),
+    )
+    with serving(app(sim), lifespan="off") as url:
+        judge = OpenAIJudge(base_url=f"{url}/v1", model="sim")
+        sent = time.time()
+        result = judge.judge_visit(VisitJudgeRequest(g.question, g.positive_rubrics[0], (), turn))
+        answered = time.time()
+    assert result.status == "ok"
+    lane = sim.prefix.stats if sim.prefix is not None else {}
+    assert lane["lane_prefills"] == 1
+    assert 0 <= lane["lane_started_at"] - sent < latency / 2  # prefilled on arrival, not after the latency
+    assert answered - lane["lane_ended_at"] >= latency * 0.95  # then the latency
 
 
 def test_a_failing_simulator_answers_500_and_the_judge_is_unavailable_past_the_deadline() -> None:
