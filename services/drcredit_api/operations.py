@@ -25,11 +25,13 @@ log = logging.getLogger("drcredit.api")
 
 
 @router.get("/healthz", tags=["operations"])
+@router.head("/healthz", include_in_schema=False)  # uptime monitors ask with HEAD
 async def healthz() -> dict[str, str]:
     """The process is up."""
     return {"status": "ok"}
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get(
     "/readyz",
     tags=["operations"],

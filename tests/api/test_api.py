@@ -368,6 +368,17 @@ def test_operations_endpoints(client: TestClient) -> None:
     assert 'drcredit_groups{status="done"}' in text
 
 
+def test_health_checks_and_pages_answer_head(client: TestClient) -> None:
+    """Uptime monitors and link checkers ask with HEAD: the answer is GET's status and
+    headers, without a body (it was 405)."""
+    for path in ("/healthz", "/readyz", "/ui", "/ui/", "/ui/groups/g1", "/ui/runs/r1", "/ui/usage", "/favicon.ico"):
+        got = client.get(path)
+        head = client.head(path)
+        assert (head.status_code, head.content) == (got.status_code, b""), path
+        assert head.headers["content-type"] == got.headers["content-type"], path
+    assert client.head("/v1/nothing-here").status_code == 404
+
+
 def test_openapi_describes_every_endpoint(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     paths = spec["paths"]

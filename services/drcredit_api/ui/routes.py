@@ -14,40 +14,42 @@ static = StaticFiles(directory=STATIC)
 #: Outside /ui: what a browser asks for by itself when a page names no icon (a JSON
 #: endpoint opened in a tab, for one).
 root = APIRouter(include_in_schema=False)
+#: A page answers HEAD as GET without the body: link checkers and uptime monitors ask so.
+PAGE_METHODS = ["GET", "HEAD"]
 
 
-@router.get("", response_class=HTMLResponse)
-@router.get("/", response_class=HTMLResponse)
+@router.api_route("", methods=PAGE_METHODS, response_class=HTMLResponse)
+@router.api_route("/", methods=PAGE_METHODS, response_class=HTMLResponse)
 async def index() -> str:
     return render("index", {})
 
 
-@router.get("/groups/{group_id}", response_class=HTMLResponse)
+@router.api_route("/groups/{group_id}", methods=PAGE_METHODS, response_class=HTMLResponse)
 async def group_page(group_id: str) -> str:
     return render("group", {"group": group_id})
 
 
-@router.get("/runs/{run}", response_class=HTMLResponse)
+@router.api_route("/runs/{run}", methods=PAGE_METHODS, response_class=HTMLResponse)
 async def run_page(run: str) -> str:
     return render("run", {"run": run})
 
 
-@router.get("/labels", response_class=HTMLResponse)
+@router.api_route("/labels", methods=PAGE_METHODS, response_class=HTMLResponse)
 async def labels_page() -> str:
     """The labeling page: its scope, kind and labeler come in the query string."""
     return render("labels", {})
 
 
-@router.get("/usage", response_class=HTMLResponse)
+@router.api_route("/usage", methods=PAGE_METHODS, response_class=HTMLResponse)
 async def usage_page() -> str:
     return render("usage", {})
 
 
-@router.get("/static/plotly.min.js")
+@router.api_route("/static/plotly.min.js", methods=PAGE_METHODS)
 async def plotly() -> FileResponse:
     return FileResponse(plotly_js(), media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
 
-@root.get("/favicon.ico")
+@root.api_route("/favicon.ico", methods=PAGE_METHODS)
 async def favicon() -> FileResponse:
     return FileResponse(FAVICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
