@@ -65,7 +65,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             },
         }
         settings = settings_for(
-            f"sqlite:///{base / 'api.sqlite3'}", main.url, audit_judges=judges, api_keys="t1:k1,t2:k2"
+            f"sqlite:///{base / 'api.sqlite3'}",
+            main.url,
+            audit_judges=judges,
+            api_keys="t1:k1,t2:k2,t3:k3",
+            # t3 spends its day's budget on its first group: its audits are then refused.
+            tenants='{"t3": {"budget": {"tokens_per_day": 1}}}',
         )
         with serving(create_app(settings)) as url:
             with httpx.Client(base_url=url, headers={"Authorization": "Bearer k1"}, timeout=60) as c:
@@ -74,6 +79,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                 assert c.post("/v1/groups", json=three_rollouts("g2", 2)).status_code == 202
                 for gid in ("g0", "g1", "g2"):
                     assert c.get(f"/v1/groups/{gid}/advantages", params={"wait": 60}).status_code == 200
+            with httpx.Client(base_url=url, headers={"Authorization": "Bearer k3"}, timeout=60) as c:
+                assert c.post("/v1/groups", json=three_rollouts("g3", 3)).status_code == 202
+                assert c.get("/v1/groups/g3/advantages", params={"wait": 60}).status_code == 200
             yield Served(url, base / "cli")
 
 
@@ -186,6 +194,11 @@ def test_errors_are_one_line_with_their_exit_code(served: Served) -> None:
     one_error_line(served.audit("show", slow_id), 4, f"audit '{slow_id}' is", "not done yet", "--wait")
     one_error_line(served.audit("show", slow_id, "--wait", "0.3"), 4, f"audit '{slow_id}' not finished after 0.3s")
     assert served.audit("show", slow_id, "--wait", "inf", "--json").document()["status"] == "done"
+    # The tenant's budget is used up: its own exit code, with when it resets (it was
+    # 5, "unreachable", which sent people looking for an outage).
+    one_error_line(
+        served.audit("start", "--judge", "same", "--group", "g3", key="k3"), 6, "tokens_per_day", "resets at"
+    )
     # No service there.
     gone = served.audit("list", DRCREDIT_URL=f"http://127.0.0.1:{free_port()}")
     one_error_line(gone, 5, "cannot reach the service", "Connection refused")

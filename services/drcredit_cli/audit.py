@@ -20,6 +20,7 @@ import typer
 from drcredit.client import (
     AuditFailed,
     AuthError,
+    BudgetExhausted,
     DrCreditClient,
     DrCreditConnectionError,
     DrCreditTimeout,
@@ -37,6 +38,7 @@ EXIT_INPUT = 2
 EXIT_AUDIT_FAILED = 3
 EXIT_NOT_DONE = 4
 EXIT_SERVICE = 5
+EXIT_BUDGET = 6  # the tenant's budget is used up: a wait until its reset, not an outage
 
 audit_app = typer.Typer(
     help=(
@@ -85,6 +87,8 @@ def service(url: str, api_key: str | None) -> Iterator[DrCreditClient]:
         fail(f"{exc.message}; not done yet (--wait S waits up to S seconds for its report)", EXIT_NOT_DONE)
     except DrCreditTimeout as exc:
         fail(exc.message, EXIT_NOT_DONE)
+    except BudgetExhausted as exc:
+        fail(f"{exc.message} (the tenant's {exc.budget} resets at {exc.resets_at})", EXIT_BUDGET)
     except DrCreditConnectionError as exc:
         fail(f"cannot reach the service: {exc} (--url, $DRCREDIT_URL)", EXIT_SERVICE)
     except ServerError as exc:
