@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
+from typing import Any
 
 from drcredit.judges.fleet.affinity import CALL_AFFINITY, LOAD_BOUND, Pins, rendezvous, slot_of, steer
 from drcredit.judges.fleet.endpoints import EndpointConfig
@@ -118,6 +119,60 @@ def test_a_pinned_replica_over_its_bound_lends_one_call_and_keeps_the_key() -> N
     assert pins.get("visit") == es[0].url  # the key stays: its pages are cached there
     es[0].in_flight, es[1].in_flight = 3, 3
     assert steer("visit", [(e, 1.0) for e in es], es[1], pins) is es[0]
+
+
+def test_a_full_pinned_replica_makes_the_call_wait_unless_it_is_slower_or_over_its_bound() -> None:
+    es = endpoints(2, share=4)
+    pins = Pins()
+    pins.pin("visit", es[0].url)
+    # Full (4 of 4) but within its bound (4 + 1 <= 1.25 x 8 / 2 = 5) and as fast: wait
+    # for its next place (None) rather than prefill the visit's pages on es[1] too.
+    es[0].in_flight, es[1].in_flight = 4, 3
+    assert steer("visit", [(e, 1.0) for e in es], es[1], pins) is None
+    # Slower than the router's choice (1.3 > 1.25 x 1.0): es[1] takes the call.
+    assert steer("visit", [(es[0], 1.3), (es[1], 1.0)], es[1], pins) is es[1]
+    # Over its bound (4 + 1 > 1.25 x 5 / 2): es[1] takes the call.
+    es[1].in_flight = 0
+    assert steer("visit", [(e, 1.0) for e in es], es[1], pins) is es[1]
+    assert pins.get("visit") == es[0].url  # the key stays in every case
+
+
+def test_a_call_pinned_to_a_full_replica_waits_for_its_next_place() -> None:
+    """Twenty calls on one replica (its limit) and nineteen on the other, a visit pinned
+    to the first: two more calls of the visit, the second less urgent, wait for the first
+    replica, though the other has room (they are not lent to it, which would prefill the
+    visit's pages there too), and take its places as its calls end."""
+    from drcredit.judges.fleet.state import CALL_PRIORITY
+
+    async def run() -> tuple[list[str], list[str], int, str]:
+        fleet = Fleet([EndpointConfig(u, max_concurrency=20) for u in URLS[:2]])
+        for e in fleet.endpoints:
+            e.latency.observe(0.5)
+        try:
+            CALL_AFFINITY.set(None)
+            held: list[Any] = [await fleet.acquire() for _ in range(39)]
+            a, b = sorted(fleet.endpoints, key=lambda e: -e.in_flight)
+            assert (a.in_flight, b.in_flight) == (20, 19)
+            fleet.pins.pin("visit-a", a.url)
+            CALL_AFFINITY.set("visit-a")
+            CALL_PRIORITY.set(5)
+            urgent = asyncio.ensure_future(fleet.acquire())
+            CALL_PRIORITY.set(1)
+            later = asyncio.ensure_future(fleet.acquire())
+            await asyncio.sleep(0.05)
+            waited = [f.done() for f in (urgent, later)]
+            on_b_meanwhile = b.in_flight
+            for lease in [x for x in held if x.endpoint is a][:2]:
+                fleet.release(lease)
+            placed = [(await asyncio.wait_for(f, 1)).endpoint.url for f in (urgent, later)]
+            return [str(w) for w in waited], placed, on_b_meanwhile, a.url
+        finally:
+            await fleet.aclose()
+
+    waited, placed, on_b, a_url = asyncio.run(run())
+    assert waited == ["False", "False"]  # both waited
+    assert on_b == 19  # nothing was lent to the other replica
+    assert placed == [a_url, a_url]
 
 
 def test_a_key_whose_replica_left_the_rotation_is_pinned_again() -> None:

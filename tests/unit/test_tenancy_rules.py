@@ -141,6 +141,7 @@ def test_the_least_urgent_call_is_taken_from_the_run_whose_turn_it_is() -> None:
     q.push("a-p9", Owner("a"), 9)
     q.push("a-p1", Owner("a"), 1)
     q.push("b-p0", Owner("b"), 0)
+    assert q.last() == "a-p1" and len(q) == 3  # looked at, left in place
     assert q.pop_last() == "a-p1"
 
 

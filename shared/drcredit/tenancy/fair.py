@@ -231,6 +231,11 @@ class FairQueue(Generic[T]):
         self._taken(*found, charge=charge)
         return item
 
+    def last(self, skip: frozenset[str] = frozenset()) -> T | None:
+        """The call :meth:`pop_last` would take, left in place."""
+        found = self._next_run(skip)
+        return None if found is None else max(found[3].heap)[2]
+
     def pop_last(self, skip: frozenset[str] = frozenset()) -> T | None:
         """Take the least urgent call of the run that goes next (for a place on a slower
         endpoint: the turn stays that run's, the wait falls on its least urgent call)."""

@@ -14,9 +14,12 @@ choice (its latency within :data:`LOAD_BOUND` of that one's) and is not above
 :data:`LOAD_BOUND` x its weighted share of the calls in flight; the router's choice
 always qualifies, and before a replica has answered only that choice does. Among equally
 loaded replicas the key's rendezvous order (highest random weight) decides, so processes
-at the same loads agree. A pinned replica over its bound, or full, gives that one call
-to the router's choice and keeps the key, as does one a call is retried away from; one
-out of the rotation (or cooling off a rate limit) loses its keys, which are pinned again.
+at the same loads agree. A pinned replica that is only full (no slower than the router's
+choice, within its bound) makes the call wait for one of its places: its next answer
+frees one within moments, while another replica would prefill the whole shared prefix
+again. A pinned replica over its bound or slower gives that one call to the router's
+choice and keeps the key, as does one a call is retried away from; one out of the
+rotation (or cooling off a rate limit) loses its keys, which are pinned again.
 
 Pinning by load, not by hash alone, is measured (BENCHMARKS.md, round 24): a consistent
 hash spreads keys evenly but not their work, and with two replicas whose prefill queues
@@ -75,7 +78,8 @@ def steer(
     candidate with its pace: its latency per unit of weight, infinite before its first
     answer); ``chosen``: the router's own choice, kept when nothing else qualifies or
     there is nothing to choose between; ``pins``: where this process sent each key;
-    ``excluded``: endpoints this call failed on (its retry goes elsewhere, the key stays)."""
+    ``excluded``: endpoints this call failed on (its retry goes elsewhere, the key stays).
+    None: the call waits for its pinned replica, which is full."""
     if key is None or chosen is None or len(scored) < 2:
         return chosen
     pins = pins if pins is not None else Pins()
@@ -83,23 +87,29 @@ def steer(
     in_flight = sum(e.in_flight for e, _ in scored) + 1
     weights = sum(e.config.weight for e, _ in scored)
 
-    def qualifies(e: Endpoint) -> bool:
+    def fits(e: Endpoint) -> bool:
+        """Within its load bound and no slower than the router's choice (room aside)."""
         if e is chosen:
             return True
         fair = LOAD_BOUND * in_flight * e.config.weight / weights
         known = math.isfinite(pace[e.url])  # before its first answer: only the router's choice
         return (
             known
-            and e.in_flight < e.share
             and e.in_flight + 1 <= max(1.0, fair)
             and (not math.isfinite(pace[chosen.url]) or pace[e.url] <= LOAD_BOUND * pace[chosen.url])
         )
+
+    def qualifies(e: Endpoint) -> bool:
+        return e is chosen or (e.in_flight < e.share and fits(e))
 
     pinned = pins.get(key)
     if pinned is not None:
         for e, _ in scored:
             if e.url == pinned:
-                return e if qualifies(e) else chosen
+                if qualifies(e):
+                    return e
+                # Only full: wait for its next place rather than prefill the prefix twice.
+                return None if fits(e) else chosen
     candidates = rendezvous(key, [e for e, _ in scored if qualifies(e)])
     best = min(candidates, key=lambda e: e.in_flight / e.config.weight)  # ties: the key's order
     if pinned not in excluded:

@@ -274,11 +274,16 @@ class Fleet(Learning, Sharing):
 
     def _serve_last(self) -> bool:
         """Place the least urgent plain call if an endpoint with room would answer it
-        before its turn on the endpoint the others wait for."""
-        endpoint = self._choose(frozenset(), ahead=len(self._waiters) - 1)
+        before its turn on the endpoint the others wait for (and its prefix is not
+        pinned to a full replica it should wait for)."""
+        capped = self.shares.capped(self._tenant_in_flight)
+        last = self._waiters.last(capped)
+        if last is None:
+            return False
+        endpoint = self._choose(frozenset(), ahead=len(self._waiters) - 1, key=self.affinities.of(last.rank))
         if endpoint is None:
             return False
-        waiter = self._waiters.pop_last(self.shares.capped(self._tenant_in_flight))
+        waiter = self._waiters.pop_last(capped)
         if waiter is None:
             return False
         if not waiter.future.done():
