@@ -153,8 +153,13 @@ def test_start_without_wait_then_show_and_list(served: Served) -> None:
     assert summary["audit_id"] in [a["audit_id"] for a in listed["audits"]]
     table = served.audit("list", "--run", "exp")
     assert table.returncode == 0, table.stderr
-    row = next(line for line in table.stdout.splitlines() if line.startswith(summary["audit_id"]))
-    assert "done" in row and "same (judge-test)" in row and "run exp" in row and "1.000" in row
+    lines = table.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(summary["audit_id"]))
+    row, detail = lines[at], lines[at + 1]
+    assert "done" in row and "kappa 1.000" in row and "sign 100.0%" in row
+    assert detail.strip().startswith("same (judge-test) on run exp (")
+    # Two lines an audit fit 80 columns (a table folded the judge and scope).
+    assert max(len(line) for line in lines) <= 80, table.stdout
     assert served.audit("list", "--run", "nope").stdout.startswith("no audit yet")
     # Another tenant has none.
     assert served.audit("list", key="k2").stdout.startswith("no audit yet")

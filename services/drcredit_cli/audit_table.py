@@ -33,6 +33,13 @@ def _signed(value: float | None) -> str:
     return "–" if value is None else f"{value:+.3f}"
 
 
+def table_lines(table: Table, out: Console) -> list[str]:
+    """``table``'s rows as plain lines, at their natural widths."""
+    with out.capture() as captured:
+        out.print(table, width=10_000, crop=False)
+    return captured.get().splitlines()
+
+
 def _table() -> Table:
     return Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
 
@@ -235,27 +242,32 @@ def print_audits(audits: list[dict[str, Any]], out: Console | None = None) -> No
     """A tenant's audits, newest first; a done one's headline figures, a failed one's reason."""
     out = out or consoles.out
     if not audits:
-        out.print("no audit yet: drcredit audit start --judge NAME --run RUN", highlight=False)
+        out.print("no audit yet: drcredit audit start --judge NAME --run RUN (or --batch, --group)", highlight=False)
         return
-    table = _table()
-    for header in ("audit", "status", "judge", "scope", "groups"):
-        table.add_column(header, overflow="fold")
-    for header in ("visit kappa", "fused sign", "created (UTC)"):
-        table.add_column(header, justify="right")
+    # Two lines an audit, so that 80 columns hold it whole: the id, the status and the
+    # figures, aligned; then who judged what (a table folded the judge and scope into
+    # columns a few letters wide).
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0))
+    for _ in range(5):
+        table.add_column(no_wrap=True)
     for a in audits:
         visit = (a.get("agreement") or {}).get("visit") or {}
         effect = a.get("effect") or {}
         table.add_row(
             a["audit_id"],
             a["status"],
-            judge_text(a),
-            scope_text(a),
-            str(len(a.get("group_ids") or [])),
-            _num(visit.get("kappa"), 3),
-            _pct(effect.get("fused_sign_agreement")),
-            (a.get("created_at") or "")[:19].replace("T", " "),
+            f"kappa {_num(visit.get('kappa'), 3)}",
+            f"sign {_pct(effect.get('fused_sign_agreement'))}",
+            (a.get("created_at") or "")[:16].replace("T", " ") + " UTC",
         )
-    out.print(table)
+    lines = table_lines(table, out)
+    for a, line in zip(audits, lines, strict=True):
+        sampled = len(a.get("group_ids") or [])
+        out.print(line.rstrip(), highlight=False, soft_wrap=True)
+        out.print(
+            f"    {judge_text(a)} on {scope_text(a)} ({sampled} group{'s' if sampled != 1 else ''})",
+            highlight=False,
+        )
     for a in audits:
         if a["status"] == "failed":
             out.print(f"{a['audit_id']} failed: {a.get('error')}", highlight=False)
