@@ -151,7 +151,7 @@ def test_start_without_wait_then_show_and_list(served: Served) -> None:
     listed = served.audit("list", "--run", "exp", "--json").document()
     assert listed == served.api("/v1/audits?run=exp")
     assert summary["audit_id"] in [a["audit_id"] for a in listed["audits"]]
-    table = served.audit("list", "--run", "exp")
+    table = served.audit("list", "--run", "exp", COLUMNS="80")
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(summary["audit_id"]))
