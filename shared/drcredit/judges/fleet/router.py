@@ -276,13 +276,17 @@ class Fleet(Learning, Sharing):
         """Place the least urgent plain call if an endpoint with room would answer it
         before its turn on the endpoint the others wait for (and its prefix is not
         pinned to a full replica it should wait for)."""
+        ahead = len(self._waiters) - 1
+        endpoint = self._choose(frozenset(), ahead=ahead)
+        if endpoint is None:  # the common case, settled without looking at the waiters
+            return False
         capped = self.shares.capped(self._tenant_in_flight)
         last = self._waiters.last(capped)
-        if last is None:
-            return False
-        endpoint = self._choose(frozenset(), ahead=len(self._waiters) - 1, key=self.affinities.of(last.rank))
-        if endpoint is None:
-            return False
+        key = None if last is None else self.affinities.of(last.rank)
+        if key is not None:
+            endpoint = self._choose(frozenset(), ahead=ahead, key=key)
+            if endpoint is None:
+                return False
         waiter = self._waiters.pop_last(capped)
         if waiter is None:
             return False
