@@ -72,6 +72,9 @@ def create_app(
             runtime.db.engine.url.render_as_string(hide_password=True),
             "celery" if settings.distributed else "in-process",
         )
+        if not settings.distributed:
+            # This process judges: ask the judge servers what they serve before the first step.
+            runtime.pipeline.warm()
         listener = None
         if runtime.db.engine.dialect.name == "postgresql":
             # Groups finished by workers wake this process's long-polls (NOTIFY).

@@ -28,8 +28,10 @@ from tests.distributed.test_distributed import (
     wait_for,
     worker_env,
 )
+from tests.judges.test_judge_warm_up import FactsServer
 from tests.support.api import api_client
 from tests.support.judge_server import RateLimit, judge_process, running_judge
+from tests.support.live import LiveServer
 from tests.support.services import Workers
 from tests.support.workload import marker_group
 
@@ -227,3 +229,22 @@ def test_a_second_worker_starts_from_what_the_first_learned(tmp_path: Path, pg_u
     assert refused_first > 0, "the first worker had to find the quota"
     assert refused_second <= max(3, refused_first // 3), (refused_first, refused_second)
     assert processes == 2
+
+
+def test_a_worker_asks_the_judge_what_it_serves_before_any_work(tmp_path: Path, pg_url: str) -> None:
+    """A worker asks the judge what it serves as it starts, not at its first call, so a
+    fresh deployment's first step does not wait for it (0.2-0.4 s, BENCHMARKS round 28)."""
+    facts = FactsServer(context=4096)
+    server = LiveServer(facts.app(), lifespan="off")
+    server.start()
+    try:
+        with redis_db() as broker:
+            workers = Workers(worker_env(pg_url, broker, f"{server.url}/v1", **PLAIN), tmp_path)
+            try:
+                workers.start("visit_judge", 4)
+                wait_for(lambda: "/v1/models" in facts.paths, timeout=60)
+            finally:
+                workers.stop_all()
+    finally:
+        server.stop()
+    assert "/v1/chat/completions" not in facts.paths  # nothing was posted: no call was made

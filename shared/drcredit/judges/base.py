@@ -107,6 +107,11 @@ class Judge(ABC):
         or :class:`FatalJudgeError`. Exchanges that did not end the attempt (a call moved
         to another endpoint, a 429 waited out) go into ``plan.tries``."""
 
+    async def awarm(self) -> None:  # noqa: B027 - a concrete default, not an abstract hook
+        """Prepare for the first call before work arrives (connections, what the servers
+        say of themselves), so a fresh worker's first step does not wait for it; the
+        default has nothing to prepare."""
+
     async def aclose(self) -> None:  # noqa: B027 - a concrete default, not an abstract hook
         """Release the connections held for the running event loop; the default holds none."""
 

@@ -34,7 +34,7 @@ class ServerFacts:
         self._client = client
         self.model = model
         self.timeout_s = timeout_s
-        self._asked: dict[str, asyncio.Task[None]] = {}
+        self._asked: dict[str, asyncio.Task[bool]] = {}
         #: Per endpoint, how it counts tokens: "llama.cpp", "vllm", or None (it cannot).
         self._counting: dict[str, str | None] = {}
 
@@ -46,12 +46,22 @@ class ServerFacts:
         """Ask every endpoint not asked yet (concurrent calls share one question)."""
         await asyncio.gather(*(self.ask(e.config) for e in self.fleet.endpoints))
 
-    async def ask(self, e: EndpointConfig) -> None:
+    async def ask(self, e: EndpointConfig) -> bool:
+        """Ask ``e`` once; whether it answered at all."""
         task = self._asked.get(e.url)
         if task is None:
             task = asyncio.get_running_loop().create_task(self._ask(e))
             self._asked[e.url] = task
-        await asyncio.shield(task)
+        return await asyncio.shield(task)
+
+    async def warm(self) -> None:
+        """Ask every endpoint now, before any call. One that does not answer at all (a
+        server still starting, or none there yet) is asked again at the first call."""
+        configs = [e.config for e in self.fleet.endpoints]
+        said = await asyncio.gather(*(self.ask(c) for c in configs))
+        for config, answered in zip(configs, said, strict=True):
+            if not answered:
+                self.forget(config.url)
 
     def forget(self, url: str | None = None) -> None:
         """Ask again before the next call (an endpoint back in the rotation; a new loop)."""
@@ -60,12 +70,14 @@ class ServerFacts:
         else:
             self._asked.pop(url, None)
 
-    async def _ask(self, e: EndpointConfig) -> None:
-        models = await self._get_json(e, e.url + "/models")
-        props = await self._get_json(e, _root(e) + "/props")
+    async def _ask(self, e: EndpointConfig) -> bool:
+        """Ask ``e`` what it serves; whether it answered at all (any status)."""
+        reached_models, models = await self._get_json(e, e.url + "/models")
+        reached_props, props = await self._get_json(e, _root(e) + "/props")
         context, slots = served_context(models, props)
         if context or slots:
             self.fleet.learn(e.url, context_tokens=context, slots=slots)
+        return reached_models or reached_props
 
     async def health_check(self, e: EndpointConfig) -> str | None:
         """An endpoint out of the rotation answers at all (None), or why it does not."""
@@ -100,14 +112,21 @@ class ServerFacts:
         self._counting[e.url] = None
         return None
 
-    async def _get_json(self, e: EndpointConfig, url: str) -> Any:
+    async def _get_json(self, e: EndpointConfig, url: str) -> tuple[bool, Any]:
+        """Whether the server answered at all, and the JSON it answered (None: none)."""
         try:
             response = await self._client(e).get(
                 url, cast_to=httpx2.Response, options={"max_retries": 0, "timeout": self.timeout_s}
             )
-            return orjson.loads(response.content)
+        except openai.APIStatusError as exc:
+            # A 4xx: there, without the route; a 5xx: not ready (llama.cpp while loading).
+            return exc.status_code < 500, None
         except Exception:  # noqa: BLE001 - the server need not say: the platform learns from its answers
-            return None
+            return False, None
+        try:
+            return True, orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return True, None
 
     async def _post_json(self, e: EndpointConfig, url: str, body: Any) -> Any:
         try:

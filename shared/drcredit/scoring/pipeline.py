@@ -18,6 +18,7 @@ forwards to them; it holds no logic of its own. Where each step lives:
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -47,6 +48,8 @@ from drcredit.scoring.work.unit_context import UnitContext
 from drcredit.scoring.work.units import UnitOutcome
 from drcredit.scoring.work.writes import JudgmentWriter
 from drcredit.storage.database import Database
+
+log = logging.getLogger("drcredit.pipeline")
 
 __all__ = ["Pipeline", "Submitted"]
 
@@ -159,6 +162,18 @@ class Pipeline:
         return self.ingest.add_rollout(tenant, group_id, rollout)
 
     # ------------------------------------------------------------------ units
+
+    def warm(self) -> None:
+        """Prepare the judge on the engine loop before work arrives, in the background (see
+        :meth:`~drcredit.judges.base.Judge.awarm`); what it could not prepare, the first
+        call does."""
+
+        def warmed(future: Future[None]) -> None:
+            error = None if future.cancelled() else future.exception()
+            if error is not None:
+                log.warning("judge warm-up failed (the first call prepares it): %s: %s", type(error).__name__, error)
+
+        self.engine.submit(self.judge.awarm()).add_done_callback(warmed)
 
     def submit_units(self, refs: Sequence[UnitRef]) -> Future[list[UnitOutcome]]:
         """Start units on the engine loop; the future holds one outcome per unit."""

@@ -79,6 +79,8 @@ def start(settings: Settings, judge_concurrency: int, queues: Collection[str] = 
     registry = ConsumerRegistry(settings.broker_url)
     heartbeat = ConsumerHeartbeat(registry, queues, settings.metrics_port, settings.consumer_ttl_s)
     Sweeper(_runtime, dispatcher, settings, registry, queues).start()
+    # While Celery boots, so that the first step's calls do not wait for it.
+    _runtime.pipeline.warm()
 
     @signals.worker_ready.connect(weak=False)
     def _consuming(**_: Any) -> None:
