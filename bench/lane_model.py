@@ -1,0 +1,194 @@
+"""What the order in a judge server's prefill lane does to a step, in a model (issue 43).
+
+    python -m bench.lane_model --seeds 0,1,2
+
+The two-replica prefix step (``bench.prefix_reuse``) reads 1.12-1.27x its bound. This
+model asks whether any platform could do better against the same servers. It runs the
+step's visit chains on ``--replicas`` prefill lanes in simulated time, nothing else:
+each call is its prefill (the visit's pages for a visit's first call on that replica,
+then only its tail) in its replica's lane, then one judge latency; a rubric's call for a
+visit goes out when its call for the previous visit is answered; a visit is pinned to the
+replica with the least work queued when its first call goes out, as the fleet pins it.
+Snippet and report calls, the platform's own time and the start-up are left out, so the
+figures are what the lanes' order alone costs. The lane is served
+
+- ``fcfs``: first come first served, as vLLM, SGLang and llama.cpp serve by default;
+- ``priority``: the call whose chain has the most calls left first, as a server with
+  priority scheduling would serve what the platform sends it;
+- ``cap N``: first come first served, but the platform holds each replica to N calls in
+  flight and sends the held ones most-calls-left first (its own queue's order).
+
+Each reads its wall against the bound ``bench.prefix_reuse`` uses: the longer of the
+longest chain x the latency and the busiest lane's prefill plus one latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.workload import make_step
+from drcredit.domain.credit import plan_rollout
+from drcredit.domain.group import GroupIn, VisitTurn
+
+CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One rollout's visits in chain order: each visit's page tokens, and its rubric calls."""
+
+    pages: tuple[int, ...]
+    rubrics: int
+
+
+@dataclass
+class Lanes:
+    """The replicas' prefill lanes and what the platform holds back, in simulated time."""
+
+    chains: Sequence[Chain]
+    replicas: int
+    policy: str
+    cap: int | None
+    prefill_s_per_token: float
+    tail_tokens: int
+    latency_s: float
+    _events: list[tuple[float, int, str, tuple[int, ...]]] = field(default_factory=list)
+    _order: itertools.count[int] = field(default_factory=itertools.count)
+
+    def run(self) -> tuple[float, float]:
+        """(wall, bound) of the step, in seconds."""
+        n = self.replicas
+        self.queue: list[list[tuple[int, int, int, int, int, float]]] = [[] for _ in range(n)]
+        self.held: list[tuple[int, int, int, int, int]] = []
+        self.busy, self.flight = [False] * n, [0] * n
+        self.queued_s, self.work_s = [0.0] * n, [0.0] * n
+        self.pinned: dict[tuple[int, int], int] = {}
+        self.prefilled: set[tuple[int, int, int]] = set()
+        for c, chain in enumerate(self.chains):
+            for r in range(chain.rubrics if chain.pages else 0):
+                self._at(0.0, "ready", (c, 0, r))
+        end = 0.0
+        while self._events:
+            now, _, kind, what = heapq.heappop(self._events)
+            if kind == "ready":
+                self._ready(now, *what)
+            elif kind == "lane":
+                self.busy[what[0]] = False
+                self._serve(now, what[0])
+            else:
+                end = now
+                replica, c, k, r = what
+                self.flight[replica] -= 1
+                if k + 1 < len(self.chains[c].pages):
+                    self._ready(now, c, k + 1, r)
+                self._release(now)
+        longest = max((len(chain.pages) for chain in self.chains), default=0)
+        bound = max(longest * self.latency_s, max(self.work_s) + self.latency_s)
+        return end, bound
+
+    def _at(self, when: float, kind: str, what: tuple[int, ...]) -> None:
+        heapq.heappush(self._events, (when, next(self._order), kind, what))
+
+    def _calls_left(self, c: int, k: int) -> int:
+        return len(self.chains[c].pages) - k
+
+    def _cost(self, c: int, k: int, with_pages: bool) -> float:
+        pages = self.chains[c].pages[k] if with_pages else 0
+        return (pages + self.tail_tokens) * self.prefill_s_per_token
+
+    def _ready(self, now: float, c: int, k: int, r: int) -> None:
+        heapq.heappush(self.held, (-self._calls_left(c, k), next(self._order), c, k, r))
+        self._release(now)
+
+    def _release(self, now: float) -> None:
+        """Send the held calls the cap lets through, most calls left first."""
+        kept = []
+        while self.held and (self.cap is None or min(self.flight) < self.cap):
+            call = heapq.heappop(self.held)
+            _, _, c, k, _ = call
+            replica = self.pinned.get((c, k))
+            if replica is None:
+                replica = min(range(self.replicas), key=lambda x: (self.queued_s[x], self.flight[x]))
+            if self.cap is not None and self.flight[replica] >= self.cap:
+                kept.append(call)
+                continue
+            # What the platform expects it to cost: the pages only if no call of the
+            # visit went there before (that one prefills them).
+            expected = self._cost(c, k, with_pages=(c, k) not in self.pinned)
+            self.pinned[(c, k)] = replica
+            self.flight[replica] += 1
+            self.queued_s[replica] += expected
+            rank = call[0] if self.policy == "priority" else 0
+            heapq.heappush(self.queue[replica], (rank, next(self._order), *call[2:], expected))
+            self._serve(now, replica)
+        for call in kept:
+            heapq.heappush(self.held, call)
+
+    def _serve(self, now: float, replica: int) -> None:
+        if self.busy[replica] or not self.queue[replica]:
+            return
+        _, _, c, k, r, expected = heapq.heappop(self.queue[replica])
+        cost = self._cost(c, k, with_pages=(replica, c, k) not in self.prefilled)
+        self.prefilled.add((replica, c, k))
+        self.queued_s[replica] -= expected
+        self.work_s[replica] += cost
+        self.busy[replica] = True
+        self._at(now + cost, "lane", (replica,))
+        self._at(now + cost + self.latency_s, "answer", (replica, c, k, r))
+
+
+def chains_of(groups: list[dict[str, Any]]) -> list[Chain]:
+    """Each rollout's judged visits (their usable pages' tokens) and positive rubrics."""
+    out = []
+    for doc in groups:
+        group = GroupIn.model_validate(doc)
+        for rollout in group.rollouts:
+            plan = plan_rollout(group, rollout, group.params)
+            turns = plan.chains[0].turn_indices if plan.chains else ()
+            pages = []
+            for t in turns:
+                turn = rollout.turns[t]
+                assert isinstance(turn, VisitTurn)
+                pages.append(sum(len(p.evidence or "") for p in turn.usable_pages) // CHARS_PER_TOKEN)
+            out.append(Chain(tuple(pages), len(group.positive_rubrics)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--rollouts", type=int, default=8)
+    parser.add_argument("--page-tokens", type=int, default=1500)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
+    parser.add_argument("--tail-tokens", type=int, default=100, help="a call's own rubric and history")
+    parser.add_argument("--caps", default="64,130,200", help="the cap policies to model")
+    args = parser.parse_args()
+    policies: list[tuple[str, int | None]] = [("fcfs", None), ("priority", None)]
+    policies += [("cap", int(x)) for x in args.caps.split(",") if x.strip()]
+    for seed in [int(x) for x in args.seeds.split(",")]:
+        chains = chains_of(make_step(args.groups, args.rollouts, seed, args.page_tokens))
+        for policy, cap in policies:
+            lanes = Lanes(
+                chains,
+                args.replicas,
+                policy,
+                cap,
+                args.prefill_us_per_token / 1e6,
+                args.tail_tokens,
+                args.latency,
+            )
+            wall, bound = lanes.run()
+            name = policy if cap is None else f"cap {cap}"
+            print(f"seed {seed} {name:>9}: wall {wall:6.2f} s, bound {bound:6.2f} s, ratio {wall / bound:.3f}")
+
+
+if __name__ == "__main__":
+    main()
