@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
 
 import drcredit
@@ -99,6 +100,9 @@ def create_app(
     # FastAPIOffline serves the /docs and /redoc assets from the installed package: the
     # documentation works without internet access.
     app = FastAPIOffline(title="DrCredit", version=drcredit.__version__, description=DESCRIPTION, lifespan=lifespan)
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path in ("/docs", "/redoc"):
+            route.methods = {*(route.methods or ()), "HEAD"}  # as the API's pages: link checkers ask so
     app.state.tenant_keys = settings.tenant_keys()
     app.state.broker_probe = broker_probe
     app.state.consumers = None

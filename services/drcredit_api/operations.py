@@ -109,6 +109,7 @@ def judge_status(rt: Runtime, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"state": overall, "endpoints": endpoints}
 
 
+@router.head("/metrics", include_in_schema=False)
 @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
 async def prometheus_metrics(request: Request, rt: RuntimeDep) -> Response:
     """Prometheus text format: this process's series.

@@ -371,7 +371,8 @@ def test_operations_endpoints(client: TestClient) -> None:
 def test_health_checks_and_pages_answer_head(client: TestClient) -> None:
     """Uptime monitors and link checkers ask with HEAD: the answer is GET's status and
     headers, without a body (it was 405)."""
-    for path in ("/healthz", "/readyz", "/ui", "/ui/", "/ui/groups/g1", "/ui/runs/r1", "/ui/usage", "/favicon.ico"):
+    pages = ("/ui", "/ui/", "/ui/groups/g1", "/ui/runs/r1", "/ui/usage", "/favicon.ico", "/docs", "/redoc")
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json", *pages):
         got = client.get(path)
         head = client.head(path)
         assert (head.status_code, head.content) == (got.status_code, b""), path
