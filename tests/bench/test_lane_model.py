@@ -9,7 +9,6 @@ calls go out most-calls-left first (Y, then Z, then W in the order given).
 from __future__ import annotations
 
 import pytest
-
 from bench.lane_model import Chain, Lanes
 
 Y, Z, W = Chain((10, 10, 10), 1), Chain((110,), 1), Chain((60,), 1)
