@@ -1,7 +1,8 @@
 """What an OpenAI-compatible server says of itself: its context window and parallel
 slots, whether it answers at all, and how many tokens a prompt takes.
 
-Asked once per endpoint and process (again after it rejoins the rotation): vLLM's
+Asked once per endpoint and process, as a worker starts (again at its first call if it
+did not answer then, and after it rejoins the rotation): vLLM's
 ``max_model_len`` in ``/v1/models``, llama.cpp's per-slot ``n_ctx`` and ``total_slots``
 in ``/props`` (:func:`drcredit.judges.context.served_context`). A prompt whose size
 decides its room is counted by the server's own tokenizer when it has one: llama.cpp
