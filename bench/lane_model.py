@@ -60,15 +60,21 @@ class Lanes:
     _events: list[tuple[float, int, str, tuple[int, ...]]] = field(default_factory=list)
     _order: itertools.count[int] = field(default_factory=itertools.count)
 
-    def run(self) -> tuple[float, float]:
-        """(wall, bound) of the step, in seconds."""
+    def __post_init__(self) -> None:
         n = self.replicas
+        #: Per replica: its lane's queue, whether it prefills, its calls in flight, the
+        #: prefill the platform expects queued there, and the prefill it did.
         self.queue: list[list[tuple[int, int, int, int, int, float]]] = [[] for _ in range(n)]
-        self.held: list[tuple[int, int, int, int, int]] = []
         self.busy, self.flight = [False] * n, [0] * n
         self.queued_s, self.work_s = [0.0] * n, [0.0] * n
+        #: Calls the platform holds back (a cap), most calls left first.
+        self.held: list[tuple[int, int, int, int, int]] = []
+        #: Each visit's replica, and the (replica, chain, visit) pages prefilled.
         self.pinned: dict[tuple[int, int], int] = {}
         self.prefilled: set[tuple[int, int, int]] = set()
+
+    def run(self) -> tuple[float, float]:
+        """(wall, bound) of the step, in seconds (once per instance)."""
         for c, chain in enumerate(self.chains):
             for r in range(chain.rubrics if chain.pages else 0):
                 self._at(0.0, "ready", (c, 0, r))
