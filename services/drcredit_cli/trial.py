@@ -100,7 +100,9 @@ def _summary(base: str, stack: Stack, group_ids: list[str], keep: bool) -> None:
     judge = "offline" if own_audit_judges() is None else "NAME"
     say(f"  audit      drcredit audit start --judge {judge} --group {group_ids[0]} --wait 60 --url {base}")
     say("  to run drcredit commands on this stack (another worker, a report), export:")
-    say("             " + " ".join(f"{k}={shlex.quote(v)}" for k, v in stack.settings().items()))
+    # DRCREDIT_URL: the commands that talk to the service (audit, labels) default to port 8000.
+    exports = {**stack.settings(), "DRCREDIT_URL": base}
+    say("             " + " ".join(f"{k}={shlex.quote(v)}" for k, v in exports.items()))
 
 
 def _watch(processes: list[Process]) -> None:

@@ -112,6 +112,15 @@ def walk_through_a_missing_outcome_judge(
     seventh_after = time.monotonic() - posted
     exports = printed.split("to run drcredit commands on this stack (another worker, a report), export:\n")[1]
     env = {**os.environ, **dict(pair.split("=", 1) for pair in shlex.split(exports.splitlines()[0]))}
+    # The exports reach the service on the trial's own port (drcredit audit list defaulted to 8000).
+    listed = subprocess.run(
+        [sys.executable, "-m", "drcredit_cli.main", "audit", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
     with (tmp_path / "extra-worker.log").open("wb") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "drcredit_cli.main", "worker", "--queues", "outcome_judge", "--concurrency", "4"],
