@@ -31,11 +31,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.prefix_cache import CHARS_PER_TOKEN
 from bench.workload import make_step
 from drcredit.domain.credit import plan_rollout
 from drcredit.domain.group import GroupIn, VisitTurn
-
-CHARS_PER_TOKEN = 4
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,7 @@ def test_a_second_worker_starts_from_what_the_first_learned(tmp_path: Path, pg_u
 
 def test_a_worker_asks_the_judge_what_it_serves_before_any_work(tmp_path: Path, pg_url: str) -> None:
     """A worker asks the judge what it serves as it starts, not at its first call, so a
-    fresh deployment's first step does not wait for it (0.2-0.4 s, BENCHMARKS round 28)."""
+    fresh deployment's first step does not wait for it (0.3-0.6 s, BENCHMARKS round 28)."""
     facts = FactsServer(context=4096)
     server = LiveServer(facts.app(), lifespan="off")
     server.start()

@@ -88,24 +88,36 @@ def learned_context(judge: OpenAIJudge) -> int | None:
     return judge.fleet.endpoints[0].record.context_tokens
 
 
+def warm_then_call(
+    judge: OpenAIJudge, facts: FactsServer, start: LiveServer | None = None
+) -> tuple[int | None, list[str], int | None]:
+    """Warm ``judge`` up, then (after starting ``start``, if given) make its first call:
+    the context it knew and the paths the server had been asked after the warm-up, and
+    the context it knows after the call."""
+
+    async def run() -> tuple[int | None, list[str], int | None]:
+        await judge.awarm()
+        warmed, asked = learned_context(judge), list(facts.paths)
+        if start is not None:
+            await asyncio.to_thread(start.start)
+        result = await judge.ajudge_visit(visit_request())
+        assert result.status == "ok"
+        await judge.aclose()
+        return warmed, asked, learned_context(judge)
+
+    try:
+        return asyncio.run(run())
+    finally:
+        judge.close()
+
+
 def test_a_warmed_judge_knows_the_context_before_its_first_call_and_asks_nothing_then() -> None:
     facts = FactsServer(context=4096)
     server = LiveServer(facts.app(), lifespan="off")
     server.start()
-    judge = make_judge(server.port)
     try:
-
-        async def run() -> tuple[int | None, list[str]]:
-            await judge.awarm()
-            known, asked = learned_context(judge), list(facts.paths)
-            result = await judge.ajudge_visit(visit_request())
-            assert result.status == "ok"
-            await judge.aclose()
-            return known, asked
-
-        known, asked_at_warm_up = asyncio.run(run())
+        known, asked_at_warm_up, _ = warm_then_call(make_judge(server.port), facts)
     finally:
-        judge.close()
         server.stop()
     assert known == 4096
     assert sorted(asked_at_warm_up) == ["/props", "/v1/models"]
@@ -117,21 +129,11 @@ def test_a_server_still_loading_at_warm_up_is_asked_again_at_the_first_call() ->
     facts = FactsServer(context=2048, not_ready=2)
     server = LiveServer(facts.app(), lifespan="off")
     server.start()
-    judge = make_judge(server.port)
     try:
-
-        async def run() -> int | None:
-            await judge.awarm()
-            assert learned_context(judge) is None  # both questions got a 503
-            result = await judge.ajudge_visit(visit_request())
-            assert result.status == "ok"
-            await judge.aclose()
-            return learned_context(judge)
-
-        context = asyncio.run(run())
+        known, _, context = warm_then_call(make_judge(server.port), facts)
     finally:
-        judge.close()
         server.stop()
+    assert known is None  # both questions got a 503
     assert context == 2048
     assert facts.paths[:2] == ["/v1/models", "/props"]
     assert sorted(facts.paths[2:4]) == ["/props", "/v1/models"] and facts.paths[4:] == ["/v1/chat/completions"]
@@ -140,22 +142,12 @@ def test_a_server_still_loading_at_warm_up_is_asked_again_at_the_first_call() ->
 def test_a_server_not_there_at_warm_up_is_asked_once_it_is() -> None:
     port = free_port()
     facts = FactsServer(context=8192)
-    judge = make_judge(port)
     server = LiveServer(facts.app(), lifespan="off", port=port)
     try:
-
-        async def run() -> int | None:
-            await judge.awarm()  # nothing listens: no error, nothing learned
-            assert learned_context(judge) is None
-            await asyncio.to_thread(server.start)
-            result = await judge.ajudge_visit(visit_request())
-            assert result.status == "ok"
-            await judge.aclose()
-            return learned_context(judge)
-
-        context = asyncio.run(run())
+        # Nothing listens at the warm-up: no error, nothing learned; the server starts after it.
+        known, _, context = warm_then_call(make_judge(port), facts, start=server)
     finally:
-        judge.close()
         server.stop()
+    assert known is None
     assert context == 8192
     assert sorted(facts.paths[:2]) == ["/props", "/v1/models"] and facts.paths[2:] == ["/v1/chat/completions"]
