@@ -196,6 +196,43 @@ def test_a_store_that_cannot_be_read_degrades_to_asking_the_judge(
         assert any("could not be read" in r.getMessage() for r in caplog.records)
 
 
+def test_a_failed_save_does_not_silence_the_news_that_the_store_cannot_be_read(
+    database_url: str, marker_judge: JudgeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A step's last saves can still be on their way when the store breaks: their failure
+    # is logged first, and the next step's failed reads must be logged all the same.
+    import asyncio
+
+    from drcredit.domain.verdicts import ScoreVerdict
+    from drcredit.judges.attempts import Attempt
+    from drcredit.judges.results import JudgeResult
+    from drcredit.scoring.work.reuse import ReusePolicy, ReuseStore
+
+    with api_client(database_url, marker_judge.url) as client:
+        scored(client, group("g"))
+    db = Database(database_url)
+    with db.session() as s:
+        group_pk = s.query(m.Group.id).scalar()
+        s.execute(text("DROP TABLE judge_answers"))
+
+    async def run_db(fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    async def save_then_look_up() -> object:
+        store = ReuseStore(db, run_db, ReusePolicy("tenant"))
+        asked = Attempt(1, "ok", 0.1, endpoint="http://j/v1", model="m")
+        answer = JudgeResult("score", "ok", "m", "openai", ScoreVerdict(3), {"score": 3}, attempts=[asked])
+        await store.save(group_pk, "d1", answer)
+        await store.flush()
+        return await store.lookup(group_pk, "d2", "score", None)
+
+    with caplog.at_level(logging.WARNING, logger="drcredit.reuse"):
+        assert asyncio.run(save_then_look_up()) is None
+    messages = [r.getMessage() for r in caplog.records if r.name == "drcredit.reuse"]
+    assert any("not kept for reuse" in msg for msg in messages), messages
+    assert any("could not be read" in msg for msg in messages), messages
+
+
 def test_bad_reuse_or_layout_settings_refuse_to_start() -> None:
     with pytest.raises(
         ValueError, match=r"DRCREDIT_JUDGE_REUSE: unknown value 'always' \(allowed: tenant, group, off\)"

@@ -113,7 +113,10 @@ class ReuseStore:
         self._saves: dict[tuple[str, str], dict[str, Any]] = {}
         self._saving: asyncio.Task[None] | None = None
         self._pruned_at = 0.0
-        self._warned_at = -WARN_EVERY_S
+        #: When each kind of failure ("read", "save") was last logged: one kind's
+        #: warnings never hide the other's (a save of the previous step failing must
+        #: not silence the news that the store cannot be read).
+        self._warned_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lookups
 
@@ -131,7 +134,7 @@ class ReuseStore:
                     self._asking = asyncio.ensure_future(self._ask_pending())
             row = await asyncio.shield(future)
         except Exception as exc:  # noqa: BLE001 - an optimisation: never a failed judgment (logged)
-            self._warn("the judge reuse store could not be read (asking the judge): %s", exc)
+            self._warn("read", "the judge reuse store could not be read (asking the judge): %s", exc)
             return None
         if row is None or row["kind"] != kind:
             return None
@@ -203,7 +206,7 @@ class ReuseStore:
         try:
             tenant = await self._tenant(group_pk)
         except Exception as exc:  # noqa: BLE001 - logged; the judgment is stored all the same
-            self._warn("a judge answer was not kept for reuse: %s", exc)
+            self._warn("save", "a judge answer was not kept for reuse: %s", exc)
             return
         endpoint, served_model = result.answered_by
         self._saves[(tenant, digest)] = {
@@ -236,7 +239,7 @@ class ReuseStore:
             try:
                 await self._run_db(self._write, rows, prune)
             except Exception as exc:  # noqa: BLE001 - logged; the judgments are stored all the same
-                self._warn(f"{len(rows)} judge answers were not kept for reuse: %s", exc)
+                self._warn("save", f"{len(rows)} judge answers were not kept for reuse: %s", exc)
 
     def _write(self, rows: list[dict[str, Any]], prune: bool) -> None:
         with self.db.session() as s:
@@ -245,11 +248,13 @@ class ReuseStore:
         if prune:
             self.prune()
 
-    def _warn(self, message: str, exc: BaseException) -> None:
-        """Log a failure of the store once a minute at most (a broken store fails every call)."""
+    def _warn(self, kind: str, message: str, exc: BaseException) -> None:
+        """Log a kind of failure of the store once a minute at most (a broken store fails
+        every call)."""
         now = time.monotonic()
-        if now - self._warned_at >= WARN_EVERY_S:
-            self._warned_at = now
+        last = self._warned_at.get(kind)
+        if last is None or now - last >= WARN_EVERY_S:
+            self._warned_at[kind] = now
             log.warning(message, exc, exc_info=exc)
 
     def prune(self) -> int:
