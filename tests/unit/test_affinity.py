@@ -204,22 +204,6 @@ def test_before_a_replica_has_answered_a_new_key_takes_the_routers_choice() -> N
     assert pins.get("visit") == es[0].url
 
 
-def test_before_any_replica_has_answered_a_pinned_key_follows_its_pin() -> None:
-    es = endpoints(2)
-    pins = Pins()
-    pins.pin("visit", es[0].url)
-    es[0].in_flight, es[1].in_flight = 4, 4
-    # Neither has answered: es[0] is not known to be slower than the router's choice
-    # (es[1]), so the visit's next call meets its pages there (4 + 1 <= 1.25 x 9 / 2).
-    assert steer("visit", [(es[0], math.inf), (es[1], math.inf)], es[1], pins) is es[0]
-    # The router's choice has answered and the pinned replica has not: it may be slow.
-    assert steer("visit", [(es[0], math.inf), (es[1], 1.0)], es[1], pins) is es[1]
-    # Over its bound (6 + 1 > 1.25 x 9 / 2), unknown pace or not: the router's choice.
-    es[0].in_flight, es[1].in_flight = 6, 2
-    assert steer("visit", [(es[0], math.inf), (es[1], math.inf)], es[1], pins) is es[1]
-    assert pins.get("visit") == es[0].url
-
-
 def test_pins_remember_the_most_recent_keys_only() -> None:
     pins = Pins(capacity=3)
     for k in range(4):

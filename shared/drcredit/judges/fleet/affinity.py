@@ -12,8 +12,7 @@ among those that qualify, and the key is pinned there (:class:`Pins`); its later
 follow the pin. A replica qualifies when it has room, is no slower than the router's own
 choice (its latency within :data:`LOAD_BOUND` of that one's) and is not above
 :data:`LOAD_BOUND` x its weighted share of the calls in flight; the router's choice
-always qualifies, and before a replica has answered only that choice does (for a new
-key; a pinned key follows its pin while neither has answered). Among equally
+always qualifies, and before a replica has answered only that choice does. Among equally
 loaded replicas the key's rendezvous order (highest random weight) decides, so processes
 at the same loads agree. A pinned replica that is only full (no slower than the router's
 choice, within its bound) makes the call wait for one of its places: its next answer
@@ -88,33 +87,29 @@ def steer(
     in_flight = sum(e.in_flight for e, _ in scored) + 1
     weights = sum(e.config.weight for e, _ in scored)
 
-    def fits(e: Endpoint, pinned: bool = False) -> bool:
+    def fits(e: Endpoint) -> bool:
         """Within its load bound and no slower than the router's choice (room aside)."""
         if e is chosen:
             return True
         fair = LOAD_BOUND * in_flight * e.config.weight / weights
-        chosen_known = math.isfinite(pace[chosen.url])
-        if math.isfinite(pace[e.url]):
-            as_fast = not chosen_known or pace[e.url] <= LOAD_BOUND * pace[chosen.url]
-        else:
-            # Before its first answer a new key is not sent there (only the router's
-            # choice is), but a pinned key follows its pin while the router's choice has
-            # not answered either: neither is known to be slower, and the pin saves a
-            # prefill of the shared prefix (a step's first visits split their calls).
-            as_fast = pinned and not chosen_known
-        return as_fast and e.in_flight + 1 <= max(1.0, fair)
+        known = math.isfinite(pace[e.url])  # before its first answer: only the router's choice
+        return (
+            known
+            and e.in_flight + 1 <= max(1.0, fair)
+            and (not math.isfinite(pace[chosen.url]) or pace[e.url] <= LOAD_BOUND * pace[chosen.url])
+        )
 
-    def qualifies(e: Endpoint, pinned: bool = False) -> bool:
-        return e is chosen or (e.in_flight < e.share and fits(e, pinned))
+    def qualifies(e: Endpoint) -> bool:
+        return e is chosen or (e.in_flight < e.share and fits(e))
 
     pinned = pins.get(key)
     if pinned is not None:
         for e, _ in scored:
             if e.url == pinned:
-                if qualifies(e, pinned=True):
+                if qualifies(e):
                     return e
                 # Only full: wait for its next place rather than prefill the prefix twice.
-                return None if fits(e, pinned=True) else chosen
+                return None if fits(e) else chosen
     candidates = rendezvous(key, [e for e, _ in scored if qualifies(e)])
     best = min(candidates, key=lambda e: e.in_flight / e.config.weight)  # ties: the key's order
     if pinned not in excluded:
