@@ -226,8 +226,13 @@ def test_a_failed_save_does_not_silence_the_news_that_the_store_cannot_be_read(
         await store.flush()
         return await store.lookup(group_pk, "d2", "score", None)
 
-    with caplog.at_level(logging.WARNING, logger="drcredit.reuse"):
-        assert asyncio.run(save_then_look_up()) is None
+    store_log = logging.getLogger("drcredit.reuse")  # as above: the app's logging set-up
+    store_log.addHandler(caplog.handler)  # may have replaced the root logger's handlers
+    try:
+        with caplog.at_level(logging.WARNING, logger="drcredit.reuse"):
+            assert asyncio.run(save_then_look_up()) is None
+    finally:
+        store_log.removeHandler(caplog.handler)
     messages = [r.getMessage() for r in caplog.records if r.name == "drcredit.reuse"]
     assert any("not kept for reuse" in msg for msg in messages), messages
     assert any("could not be read" in msg for msg in messages), messages

@@ -37,6 +37,8 @@ from drcredit.storage.database import Database, insert_for, rows_changed, utcnow
 log = logging.getLogger("drcredit.reuse")
 
 ReuseMode = Literal["tenant", "group", "off"]
+#: The store's two ways to fail, each warned of on its own.
+StoreFailure = Literal["read", "save"]
 
 #: Prune the store at most this often (per process).
 PRUNE_EVERY_S = 60.0
@@ -116,7 +118,7 @@ class ReuseStore:
         #: When each kind of failure ("read", "save") was last logged: one kind's
         #: warnings never hide the other's (a save of the previous step failing must
         #: not silence the news that the store cannot be read).
-        self._warned_at: dict[str, float] = {}
+        self._warned_at: dict[StoreFailure, float] = {}
 
     # ------------------------------------------------------------------ lookups
 
@@ -248,7 +250,7 @@ class ReuseStore:
         if prune:
             self.prune()
 
-    def _warn(self, kind: str, message: str, exc: BaseException) -> None:
+    def _warn(self, kind: StoreFailure, message: str, exc: BaseException) -> None:
         """Log a kind of failure of the store once a minute at most (a broken store fails
         every call)."""
         now = time.monotonic()
