@@ -204,6 +204,7 @@ def test_score_prints_a_table_with_rollouts_and_stats(scored: dict[str, Run], ex
     assert re.search(
         r"judge calls \d+, cache hits \d+, deterministic zeros \d+, skipped snippet calls \d+, failed 0", out
     )
+    assert re.search(r"^judge: offline, a lexical stand-in", out, re.MULTILINE), out  # says which judge
     with pytest.raises(json.JSONDecodeError):
         json.loads(out)
 
