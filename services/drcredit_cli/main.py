@@ -33,7 +33,7 @@ from drcredit.settings import Settings
 from drcredit.storage import models as m
 from drcredit.wiring.runtime import Runtime
 from drcredit_cli.audit import audit_app
-from drcredit_cli.consoles import err, out
+from drcredit_cli.consoles import err
 from drcredit_cli.flags import Command, Group
 from drcredit_cli.labels import labels_app
 from drcredit_cli.report import report as report_command
@@ -219,15 +219,7 @@ def score(
     if as_json:
         sys.stdout.write(json.dumps(document, indent=2) + "\n")
     else:
-        print_advantages(document, progress)
-        if settings.judge == "offline":
-            # Nothing above says which judge scored: the default is no model at all.
-            out.print(
-                "judge: offline, a lexical stand-in for trying the platform; do not train on it "
-                "(DRCREDIT_JUDGE=openai asks a real judge)",
-                style="dim",
-                highlight=False,
-            )
+        print_advantages(document, progress, judge=settings.judge)
     failed = progress["judgments_failed"]
     if failed and not allow_failures:
         _fail(

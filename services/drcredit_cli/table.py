@@ -68,8 +68,11 @@ def advantages_table(document: dict[str, Any]) -> Table:
     return table
 
 
-def print_advantages(document: dict[str, Any], progress: dict[str, int], out: Console | None = None) -> None:
-    """The table, the group's statistics and its judge-call counts."""
+def print_advantages(
+    document: dict[str, Any], progress: dict[str, int], out: Console | None = None, judge: str | None = None
+) -> None:
+    """The table, the group's statistics and its judge-call counts (``judge``: the
+    backend that scored, said when it is the offline one, which is no model at all)."""
     out = out or consoles.out
     stats = document["stats"]
     out.print(advantages_table(document))
@@ -87,6 +90,13 @@ def print_advantages(document: dict[str, Any], progress: dict[str, int], out: Co
     usage = document.get("usage")
     if usage is not None:
         out.print(usage_line(usage), highlight=False)
+    if judge == "offline":
+        out.print(
+            "judge: offline, a lexical stand-in for trying the platform; do not train on it "
+            "(DRCREDIT_JUDGE=openai asks a real judge)",
+            style="dim",
+            highlight=False,
+        )
 
 
 def usage_line(usage: dict[str, Any]) -> str:
