@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -172,6 +173,20 @@ def test_the_size_limit_drops_the_oldest_answers_first(database_url: str, marker
         assert sorted(r.id for r in s.query(m.JudgeAnswer)) == ids[-2:]
 
 
+@contextmanager
+def store_warnings(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The reuse store's warnings, captured. The capture handler goes on the store's
+    logger itself: the app's logging set-up replaces the root logger's handlers, where
+    caplog's would otherwise be."""
+    store_log = logging.getLogger("drcredit.reuse")
+    store_log.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="drcredit.reuse"):
+            yield
+    finally:
+        store_log.removeHandler(caplog.handler)
+
+
 def test_a_store_that_cannot_be_read_degrades_to_asking_the_judge(
     database_url: str, marker_judge: JudgeServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -180,15 +195,8 @@ def test_a_store_that_cannot_be_read_degrades_to_asking_the_judge(
         asked = marker_judge.count()
         with Database(database_url).session() as s:
             s.execute(text("DROP TABLE judge_answers"))
-        # The capture handler goes on the store's logger itself: the app's logging set-up
-        # replaces the root logger's handlers, where caplog's would otherwise be.
-        store_log = logging.getLogger("drcredit.reuse")
-        store_log.addHandler(caplog.handler)
-        try:
-            with caplog.at_level(logging.WARNING, logger="drcredit.reuse"):
-                doc = scored(client, group("broken"))
-        finally:
-            store_log.removeHandler(caplog.handler)
+        with store_warnings(caplog):
+            doc = scored(client, group("broken"))
         assert doc["status"] == "done" and doc["usage"]["reused"] == 0
         assert advantages(doc) == advantages(first)
         assert all(j["status"] != "failed" for j in credits(client, "broken"))
@@ -226,13 +234,8 @@ def test_a_failed_save_does_not_silence_the_news_that_the_store_cannot_be_read(
         await store.flush()
         return await store.lookup(group_pk, "d2", "score", None)
 
-    store_log = logging.getLogger("drcredit.reuse")  # as above: the app's logging set-up
-    store_log.addHandler(caplog.handler)  # may have replaced the root logger's handlers
-    try:
-        with caplog.at_level(logging.WARNING, logger="drcredit.reuse"):
-            assert asyncio.run(save_then_look_up()) is None
-    finally:
-        store_log.removeHandler(caplog.handler)
+    with store_warnings(caplog):
+        assert asyncio.run(save_then_look_up()) is None
     messages = [r.getMessage() for r in caplog.records if r.name == "drcredit.reuse"]
     assert any("not kept for reuse" in msg for msg in messages), messages
     assert any("could not be read" in msg for msg in messages), messages
