@@ -28,6 +28,7 @@ import math
 import random
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -185,7 +186,11 @@ class Simulator:
             return self.latency * self.rng.lognormvariate(0.0, self.sigma)
         return self.latency
 
-    async def completion(self, raw: bytes) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    async def completion(
+        self, raw: bytes, prefilled: Callable[[], Awaitable[None]] | None = None
+    ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        """One chat completion: (status, body, extra headers). ``prefilled``, for a
+        streamed request, is awaited once the prompt is prefilled (the first token)."""
         quota: list[tuple[bytes, bytes]] = []
         if self.quota is not None:
             allowed, quota = self.quota.take()
@@ -223,9 +228,13 @@ class Simulator:
             if self.queue is not None:
                 async with self.queue.slot():
                     cached = await self.prefill(body["messages"], prompt_tokens)
+                    if prefilled is not None:
+                        await prefilled()
                     await asyncio.sleep(pause)
             else:
                 cached = await self.prefill(body["messages"], prompt_tokens)
+                if prefilled is not None:
+                    await prefilled()
                 if pause:
                     await asyncio.sleep(pause)
         finally:
@@ -304,6 +313,26 @@ class Simulator:
             self.queue.reset()
 
 
+SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+def sse_first() -> bytes:
+    return b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n'
+
+
+def sse_rest(payload: bytes) -> bytes:
+    """The rest of a streamed answer: its content, its finish, its usage, the end."""
+    body = orjson.loads(payload)
+    choice = body["choices"][0]
+    base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
+    events = [
+        base | {"choices": [{"index": 0, "delta": {"content": choice["message"]["content"]}}]},
+        base | {"choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]},
+        base | {"choices": [], "usage": body["usage"]},
+    ]
+    return b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
 def app(sim: Simulator, keepalive: bool = True) -> Any:
     """A bare ASGI app: the simulator's own CPU competes with the platform for this
     machine's two cores, so it skips a framework's request and response objects.
@@ -321,14 +350,26 @@ def app(sim: Simulator, keepalive: bool = True) -> Any:
             if not message.get("more_body"):
                 break
         extra: list[tuple[bytes, bytes]] = []
+        raw = b"".join(chunks)
+        streamed = path == "/v1/chat/completions" and method == "POST" and b'"stream":true' in raw
+        started = [False]
+
+        async def first_token() -> None:
+            # The response and its first event go out once the prompt is prefilled, as a
+            # streaming server sends its first token.
+            started[0] = True
+            await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *closing]})
+            await send({"type": "http.response.body", "body": sse_first(), "more_body": True})
+
+        prefilled = first_token if streamed else None
         if path == "/v1/chat/completions" and method == "POST" and sim.queue is not None:
             gone, watcher = watch_disconnect(receive)
-            status, payload, extra = await sim.completion(b"".join(chunks))
+            status, payload, extra = await sim.completion(raw, prefilled)
             watcher.cancel()
             if status == 200:
                 sim.queue.finished(gone)
         elif path == "/v1/chat/completions" and method == "POST":
-            status, payload, extra = await sim.completion(b"".join(chunks))
+            status, payload, extra = await sim.completion(raw, prefilled)
         elif path == "/stats":
             status, payload = (
                 200,
@@ -345,6 +386,9 @@ def app(sim: Simulator, keepalive: bool = True) -> Any:
             status, payload = 200, orjson.dumps(sim.stats)
         else:
             status, payload = 404, b'{"error": {"message": "not found"}}'
+        if started[0]:
+            await send({"type": "http.response.body", "body": sse_rest(payload)})
+            return
         await send(
             {
                 "type": "http.response.start",

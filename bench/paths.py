@@ -1,5 +1,12 @@
 """What a step's judge calls must take at least: its longest chain of dependent calls
 (the critical-path bound), and the calls a naive scorer would make.
+
+Against judge servers that prefill what they have not cached, a chain's call also waits
+for its own prefill: a visit's pages are in no prompt before the first call of that
+visit, and that call cannot go out before its rubric's call for the previous visit is
+answered. So each visit on a chain adds its latency and the prefill of its own part of
+the prompt (:func:`visit_prefill_tokens`) to the chain's time
+(:func:`critical_path_seconds`).
 """
 
 from __future__ import annotations
@@ -7,8 +14,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import orjson
+
 from drcredit.domain.credit import plan_rollout
-from drcredit.domain.group import GroupIn, VisitTurn
+from drcredit.domain.group import GroupIn, Rubric, VisitTurn
+from drcredit.judges.prompts import PromptLayout, visit_prompt
+from drcredit.judges.requests import VisitJudgeRequest
+
+#: Characters a token takes, as the simulated judge counts them.
+CHARS_PER_TOKEN = 4
 
 
 def rollout_critical_path(group: GroupIn, rollout: Any, turns: list[dict[str, Any]]) -> int:
@@ -29,6 +43,88 @@ def rollout_critical_path(group: GroupIn, rollout: Any, turns: list[dict[str, An
         if called:
             depth = max(depth, 1 + max((position.get(v, 0) for v in task.navigation_visits), default=0))
     return depth
+
+
+def visit_prefill_tokens(question: str, turn: VisitTurn, rubric: Rubric, layout: PromptLayout, block_chars: int) -> int:
+    """Tokens a visit's first call must prefill wherever it goes, at the least: the full
+    cache blocks inside the visit's own part of the prompt (from its reasoning to its
+    last page's evidence). A prefix cache keys each block by everything before it, and
+    that part starts with text no other visit has, so no earlier prompt holds them. The
+    rubric and its history are left out (the call's own tail, however short), and a
+    block is given up at each end of the part, wherever the prompt puts it."""
+    prompt = visit_prompt(VisitJudgeRequest(question, rubric, (), turn), layout)
+    start = prompt.user.find(orjson.dumps(turn.reasoning).decode())
+    pages = turn.usable_pages
+    if start < 0 or not pages:
+        return 0
+    last = orjson.dumps(pages[-1].evidence or "").decode()
+    end = prompt.user.rfind(last) + len(last)
+    return max(0, (end - start) // block_chars - 1) * (block_chars // CHARS_PER_TOKEN)
+
+
+def _visit_called(turn: dict[str, Any]) -> bool:
+    """Whether a judge call was made for the visit (not every judgment reused or skipped)."""
+    return any(
+        j["kind"] == "visit" and j["status"] in ("ok", "failed") and not j.get("cache_hit") and not j.get("reused")
+        for j in turn["judgments"]
+    )
+
+
+def rollout_critical_seconds(
+    group: GroupIn,
+    rollout: Any,
+    turns: list[dict[str, Any]],
+    latency_s: float,
+    prefill_s: float,
+    layout: PromptLayout,
+    block_chars: int,
+) -> float:
+    """The rollout's longest chain in seconds (:func:`rollout_critical_path` weighted):
+    each visit on it one latency and, where the visit was asked of the judge, the prefill
+    of its own part; a snippet call one latency after the last visit it waits for."""
+    plan = plan_rollout(group, rollout, group.params)
+    chain = plan.chains[0].turn_indices if plan.chains else ()
+    rubric = group.positive_rubrics[0] if group.positive_rubrics else None
+    done_at: dict[int, float] = {}
+    elapsed = 0.0
+    for t in chain:
+        turn = rollout.turns[t]
+        assert isinstance(turn, VisitTurn)
+        own = 0
+        if rubric is not None and _visit_called(turns[t]):
+            own = visit_prefill_tokens(group.question, turn, rubric, layout, block_chars)
+        elapsed += latency_s + own * prefill_s
+        done_at[t] = elapsed
+    longest = elapsed
+    for task in plan.snippet_tasks:
+        called = any(
+            j["kind"] == "snippet" and j["status"] in ("ok", "failed") for j in turns[task.turn_index]["judgments"]
+        )
+        if called:
+            longest = max(longest, latency_s + max((done_at.get(v, 0.0) for v in task.navigation_visits), default=0.0))
+    return longest
+
+
+def critical_path_seconds(
+    groups: list[dict[str, Any]],
+    credits: dict[str, Any],
+    latency_s: float,
+    prefill_s: float,
+    layout: PromptLayout,
+    block_chars: int = 256,
+) -> float:
+    """The step's longest chain in seconds, its visits' own prefill included
+    (:func:`rollout_critical_seconds`; ``prefill_s``: seconds per uncached token)."""
+    longest = 0.0
+    for doc in groups:
+        group = GroupIn.model_validate(doc)
+        breakdown = {r["id"]: r for r in credits[doc["group_id"]]["rollouts"]}
+        for rollout in group.rollouts:
+            turns = breakdown[rollout.id]["turns"]
+            longest = max(
+                longest, rollout_critical_seconds(group, rollout, turns, latency_s, prefill_s, layout, block_chars)
+            )
+    return longest
 
 
 def critical_path_calls(groups: list[dict[str, Any]], credits: dict[str, Any]) -> int:

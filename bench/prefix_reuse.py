@@ -13,7 +13,9 @@ posts a step of fresh content (its own seed: nothing in it was asked before) and
 - each replica's prefill lane: when it began and ended, how long it stood idle between,
   and how long a prefill waited for it (``lanes``);
 - the step's wall time against its bound: the longer of its critical path (the longest
-  chain of dependent calls x the judge latency) and the busiest replica's prefill of
+  chain of dependent calls, each a judge latency and, for a visit, the prefill of its
+  own part of the prompt, which no earlier call can have cached: ``bench.paths``) and
+  the busiest replica's prefill of
   what it had to prefill at least once (its distinct blocks, and each call's tail past
   its last full block, which no cache holds, x the prefill cost) plus one latency (a
   call's latency and its prefill are in series).
@@ -36,10 +38,11 @@ from typing import Any
 import redis
 
 from bench.conditions import max_diff, reset, stats
-from bench.paths import critical_path_calls
+from bench.paths import critical_path_calls, critical_path_seconds
 from bench.platform import Stack, bench_redis, fresh_database, plain_env, start_judge, start_plain
 from bench.repeat import one_run, renamed
 from bench.workload import make_step
+from drcredit.judges.prompts import check_layout
 
 
 def judge_flags(args: argparse.Namespace) -> list[str]:
@@ -79,7 +82,7 @@ def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool
                     reset(judges)
                     step = make_step(args.groups, args.rollouts, args.seed + k, args.page_tokens)
                     first = one_run(api, step, db)
-                    runs.append(measure(args, step, first, stats(judges)))
+                    runs.append(measure(args, layout, step, first, stats(judges)))
                     print(f"  {layout} x{replicas} run {k + 1}: {json.dumps(runs[-1])}", flush=True)
                 if repost:
                     reset(judges)
@@ -106,17 +109,23 @@ def condition(args: argparse.Namespace, layout: str, replicas: int, repost: bool
 
 
 def measure(
-    args: argparse.Namespace, step: list[dict[str, Any]], run: dict[str, Any], served: list[dict[str, Any]]
+    args: argparse.Namespace,
+    layout: str,
+    step: list[dict[str, Any]],
+    run: dict[str, Any],
+    served: list[dict[str, Any]],
 ) -> dict[str, Any]:
     trajectories = sum(len(g["rollouts"]) for g in step)
     prompt = sum(int(s["prompt_tokens"]) for s in served)
     cached = sum(int(s.get("cached_prompt_tokens", 0)) for s in served)
     prefilled = sum(int(s.get("prefilled_tokens", 0)) for s in served)
-    critical = max(critical_path_calls(step, run["credits"]), 1) * args.latency
+    prefill_s = args.prefill_us_per_token / 1e6
+    calls_s = max(critical_path_calls(step, run["credits"]), 1) * args.latency
+    critical = max(calls_s, critical_path_seconds(step, run["credits"], args.latency, prefill_s, check_layout(layout)))
 
     def busiest_s(counter: str) -> float:
         """The busiest replica's prefill of ``counter``'s tokens, in seconds."""
-        return max(int(s.get(counter, 0)) for s in served) * args.prefill_us_per_token / 1e6
+        return float(max(int(s.get(counter, 0)) for s in served) * args.prefill_us_per_token / 1e6)
 
     busiest = busiest_s("required_prefilled_tokens")
     lanes = [lane_timeline(s, run["posted_at"]) for s in served]
@@ -126,7 +135,8 @@ def measure(
     return {
         "wall_s": round(run["wall_s"], 2),
         "bound_s": round(bound, 2),
-        "critical_path_s": critical,
+        "critical_path_s": round(critical, 2),
+        "critical_path_latencies_s": calls_s,
         "busiest_prefill_s": round(busiest, 2),
         "distinct_block_prefill_s": round(busiest_s("distinct_prefilled_tokens"), 2),
         "ratio_to_bound": round(run["wall_s"] / bound, 3),

@@ -57,10 +57,12 @@ def judge_for(
     reject_response_format: bool = False,
     outage_deadline_s: float = 600.0,
     keepalive_s: float = 4.0,
+    streams: bool = False,
+    base_url: Callable[[str], str] = lambda url: url,
 ) -> Iterator[tuple[OpenAIJudge, JudgeServer]]:
-    with running_judge(script, reject_response_format=reject_response_format) as server:
+    with running_judge(script, reject_response_format=reject_response_format, streams=streams) as server:
         judge = OpenAIJudge(
-            base_url=server.url,
+            base_url=base_url(server.url),
             model="judge-test",
             api_key="k",
             timeout_s=timeout,

@@ -14,7 +14,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from tests.support.live import LiveServer, free_port
@@ -49,6 +49,12 @@ class Reply:
     #: The answer's ``usage`` as given (e.g. with ``prompt_tokens_details.cached_tokens``);
     #: None: prompt characters // 4 and answer characters // 4.
     usage: dict[str, Any] | None = None
+    #: Streamed (a server with ``streams``, a request asking ``stream``): seconds before
+    #: the first event (the prefill; ``delay`` follows it), an error event sent after
+    #: it, or the connection dropped after it.
+    prefill: float = 0.0
+    stream_error: str | None = None
+    stream_cut: bool = False
 
     @staticmethod
     def json(value: Any, **kw: Any) -> Reply:
@@ -112,6 +118,8 @@ class JudgeServer:
     slots: int = 0
     peak_queued: int = 0
     _gate: asyncio.Semaphore | None = None
+    #: Answer a request that asks ``stream`` with server-sent events (else one body).
+    streams: bool = False
 
     def down(self) -> None:
         """Stop serving: every connection is refused until :meth:`up`."""
@@ -145,7 +153,7 @@ def _app(server: JudgeServer) -> Starlette:
 
     extra = {"connection": "close"} if server.close_connections else {}
 
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> JSONResponse | StreamingResponse:
         body = await request.json()
         quota: dict[str, str] = {}
         if server.rate is not None:
@@ -173,6 +181,8 @@ def _app(server: JudgeServer) -> Starlette:
                 with server.calls_log.open("a") as log:
                     log.write(json.dumps({"key": call_key(call), "at": time.time()}) + "\n")
         reply = server.script(call)
+        if server.streams and body.get("stream") and reply.status == 200:
+            return StreamingResponse(_events(body, call, reply), media_type="text/event-stream", headers=extra)
         if server.slots:
             gate = server._gate = server._gate or asyncio.Semaphore(server.slots)
             server.peak_queued = max(server.peak_queued, server.in_flight + 1 - server.slots)
@@ -221,6 +231,32 @@ def _app(server: JudgeServer) -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
 
 
+async def _events(body: dict[str, Any], call: Call, reply: Reply) -> AsyncIterator[bytes]:
+    """A streamed answer as servers send one: a first event once the prompt is prefilled,
+    the content, the finish, the usage (asked with ``stream_options``), the end."""
+    base = {"id": f"chatcmpl-{call.number}", "object": "chat.completion.chunk", "model": body.get("model", "scripted")}
+
+    def event(**fields: Any) -> bytes:
+        return b"data: " + json.dumps(base | fields).encode() + b"\n\n"
+
+    await asyncio.sleep(reply.prefill)
+    yield event(choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+    if reply.stream_cut:
+        raise ConnectionResetError("the stream was cut off")  # the server aborts the response
+    await asyncio.sleep(reply.delay)
+    if reply.stream_error is not None:
+        yield b"data: " + json.dumps({"error": {"message": reply.stream_error}}).encode() + b"\n\n"
+        return
+    content = reply.content or ""
+    yield event(choices=[{"index": 0, "delta": {"content": content}}])
+    yield event(choices=[{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}])
+    if (body.get("stream_options") or {}).get("include_usage"):
+        prompt_chars = sum(len(m["content"]) for m in body["messages"])
+        usage = reply.usage or {"prompt_tokens": prompt_chars // 4, "completion_tokens": len(content) // 4}
+        yield event(choices=[], usage=usage)
+    yield b"data: [DONE]\n\n"
+
+
 def call_key(call: Call) -> str:
     """What identifies a request: its kind and the document the judge was given."""
     return call.kind + json.dumps(call.document, sort_keys=True)
@@ -235,6 +271,7 @@ def running_judge(
     close_connections: bool = False,
     backlog: int = 2048,
     slots: int = 0,
+    streams: bool = False,
 ) -> Iterator[JudgeServer]:
     """A judge server for the block; ``server.down()`` and ``server.up()`` stop it (connections
     refused) and start it again on the same port. ``backlog``: the listen queue (a small
@@ -246,6 +283,7 @@ def running_judge(
         rate=rate,
         close_connections=close_connections,
         slots=slots,
+        streams=streams,
     )
     live = LiveServer(_app(server), lifespan="off", port=server.port, backlog=backlog)
     server.live = live

@@ -17,6 +17,7 @@ leaves after the prompt, counted by the server when the estimate is in doubt.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from dataclasses import replace
@@ -38,6 +39,7 @@ from drcredit.judges.openai_wire import (
     DEFAULT_KEEPALIVE_S,
     QUIET_HEADERS,
     BadRequest,
+    FirstEvent,
     NoAnswer,
     RateLimited,
     ResponseFormat,
@@ -280,6 +282,7 @@ class OpenAIJudge(Judge):
         while True:
             wanted_format = response_format(self._formats[config.url], prompt)
             started = time.monotonic()
+            first = FirstEvent(functools.partial(self.fleet.first_event, lease), started)
             try:
                 slot = self._slot(e, key)
                 busy = self._slots_busy.setdefault(config.url, {})
@@ -287,11 +290,13 @@ class OpenAIJudge(Judge):
                     busy[slot] = (busy.get(slot, (0, None))[0] + 1, key)
                 try:
                     with turn_waits() as queued:
-                        raw, headers = await post_chat(
+                        first.queued = queued
+                        raw, headers, streamed = await post_chat(
                             self._client(config),
                             config,
                             self._body(messages, plan.temperature, max_tokens, wanted_format, slot),
                             self.timeout_s,
+                            first if config.stream else None,
                         )
                 finally:
                     if slot is not None:
@@ -333,7 +338,9 @@ class OpenAIJudge(Judge):
                 raise
             # The server's latency: the wait for a connection turn was this client's.
             answered_in = time.monotonic() - started - queued[0]
-            self.fleet.answered(lease, answered_in, read_headers(headers, 200))
+            self.fleet.answered(
+                lease, answered_in, read_headers(headers, 200), first_s=first.seconds if streamed else None
+            )
             completion = completion_of(raw, config.url, max_tokens, context, max_tokens < wanted)
             ratio.observe(chars, completion.prompt_tokens)
             if lease.reserved_tokens:

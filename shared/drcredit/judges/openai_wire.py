@@ -10,13 +10,23 @@ answer is an invalid attempt, never an exception of the client's model layer. Ea
 the client raises maps to one kind: no answer (:class:`NoAnswer`: connection, timeout,
 5xx), a rate limit (:class:`RateLimited`), a refused request (:class:`BadRequest`) or a
 fatal one.
+
+Answers are asked as streams where the endpoint allows (``stream`` in its settings): the
+client's own server-sent-events reader (``AsyncStream``) yields the events, which add up
+here to the same body, and the first one tells the fleet the prompt is prefilled
+(:mod:`~drcredit.judges.fleet.prefill`). A server that answers in one body is read as
+one; an error event is a server error and a stream broken off a connection error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx2
@@ -130,17 +140,43 @@ def response_format(mode: ResponseFormat, prompt: Prompt) -> dict[str, Any] | No
     return None
 
 
+@dataclass
+class FirstEvent:
+    """Called when a streamed answer's first event comes (the server has prefilled the
+    prompt): its seconds after the call went out, less the connection turns waited for
+    (``queued``, this client's own queue), passed to ``tell`` at once."""
+
+    tell: Callable[[float], None]
+    started: float
+    queued: list[float] = field(default_factory=lambda: [0.0])
+    seconds: float | None = None
+
+    def __call__(self) -> None:
+        self.seconds = time.monotonic() - self.started - self.queued[0]
+        self.tell(self.seconds)
+
+
 async def post_chat(
-    client: AsyncOpenAI, e: EndpointConfig, body: dict[str, Any], timeout_s: float
-) -> tuple[bytes, httpx2.Headers]:
-    """Send one chat-completions request; the answer's body and headers, or the kind of
-    error it came to."""
+    client: AsyncOpenAI,
+    e: EndpointConfig,
+    body: dict[str, Any],
+    timeout_s: float,
+    first_event: Callable[[], None] | None = None,
+) -> tuple[bytes, httpx2.Headers, bool]:
+    """Send one chat-completions request; the answer's body, its headers and whether it
+    was streamed, or the kind of error it came to. With ``first_event`` the answer is
+    asked as a stream and ``first_event`` is called when its first event comes (the
+    server has prefilled the prompt); a server that answers in one body instead is read
+    as one. The answer timeout bounds a streamed answer as a whole, not each event."""
     try:
         # The absolute URL spares the client joining a path to its base URL on every
         # call (6% of its CPU per judgment, python -m bench.judge_client).
-        response = await client.post(
-            e.chat_url, content=orjson.dumps(body), options=request_options(), cast_to=httpx2.Response
-        )
+        if first_event is None:
+            response = await client.post(
+                e.chat_url, content=orjson.dumps(body), options=request_options(), cast_to=httpx2.Response
+            )
+            return response.content, response.headers, False
+        return await _streamed(client, e, body, timeout_s, first_event)
     except openai.APITimeoutError as exc:
         cause = exc.__cause__
         if type(cause).__name__ == "ConnectTimeout":
@@ -162,7 +198,62 @@ async def post_chat(
         if status >= 500 or status in _RETRYABLE_STATUS:
             raise NoAnswer("server_error", f"{status}: {message}") from exc
         raise FatalJudgeError(f"{status}: {message}") from exc
-    return response.content, response.headers
+    except openai.APIError as exc:  # an error event in a stream already under way
+        raise NoAnswer("server_error", f"error in the streamed answer: {exc.message}") from exc
+    except httpx2.TransportError as exc:  # the stream broke off
+        raise NoAnswer("connection", f"connection error: {type(exc).__name__}: {exc}") from exc
+
+
+async def _streamed(
+    client: AsyncOpenAI, e: EndpointConfig, body: dict[str, Any], timeout_s: float, first_event: Callable[[], None]
+) -> tuple[bytes, httpx2.Headers, bool]:
+    started = time.monotonic()
+    stream = await client.post(
+        e.chat_url,
+        content=orjson.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}),
+        options=request_options(),
+        cast_to=object,
+        stream=True,
+        stream_cls=openai.AsyncStream[object],
+    )
+    try:
+        headers = stream.response.headers
+        if not headers.get("content-type", "").startswith("text/event-stream"):
+            return await stream.response.aread(), headers, False
+        try:
+            async with asyncio.timeout(max(0.001, timeout_s - (time.monotonic() - started))):
+                return await assembled(stream, first_event), headers, True
+        except TimeoutError as exc:
+            raise openai.APITimeoutError(request=stream.response.request) from exc
+    finally:
+        await stream.close()
+
+
+async def assembled(stream: openai.AsyncStream[object], first_event: Callable[[], None]) -> bytes:
+    """A streamed answer as the one chat-completions body it adds up to (its content,
+    finish reason, model, usage and llama.cpp's timings)."""
+    content: list[str] = []
+    finish: str | None = None
+    out: dict[str, Any] = {}
+    first = True
+    async for event in stream:
+        if first:
+            first_event()
+            first = False
+        if not isinstance(event, dict):
+            continue
+        for key in ("model", "usage", "timings"):
+            if event.get(key):
+                out[key] = event[key]
+        for choice in event.get("choices") or ():
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                content.append(delta["content"])
+            finish = choice.get("finish_reason") or finish
+    out["choices"] = [
+        {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "".join(content)}}
+    ]
+    return orjson.dumps(out)
 
 
 def messages_of(prompt: Prompt, plan: AttemptPlan) -> list[dict[str, str]]:

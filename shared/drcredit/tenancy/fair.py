@@ -231,6 +231,24 @@ class FairQueue(Generic[T]):
         self._taken(*found, charge=charge)
         return item
 
+    def pop_first_where(
+        self, fits: Callable[[T], bool], skip: frozenset[str] = frozenset(), among: int = 64
+    ) -> T | None:
+        """Take the most urgent call of the run that goes next for which ``fits`` holds,
+        looking at its ``among`` most urgent only (None: none of them): the turn stays
+        that run's."""
+        found = self._next_run(skip)
+        if found is None:
+            return None
+        heap = found[3].heap
+        for entry in heapq.nsmallest(among, heap):
+            if fits(entry[2]):
+                heap.remove(entry)
+                heapq.heapify(heap)
+                self._taken(*found, charge=True)
+                return entry[2]
+        return None
+
     def last(self, skip: frozenset[str] = frozenset()) -> T | None:
         """The call :meth:`pop_last` would take, left in place."""
         found = self._next_run(skip)

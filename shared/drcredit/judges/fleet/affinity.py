@@ -100,7 +100,7 @@ def steer(
         )
 
     def qualifies(e: Endpoint) -> bool:
-        return e is chosen or (e.in_flight < e.share and fits(e))
+        return e is chosen or (e.in_flight < e.share and not e.prefill.full() and fits(e))
 
     pinned = pins.get(key)
     if pinned is not None:

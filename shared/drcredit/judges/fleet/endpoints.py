@@ -23,7 +23,7 @@ import orjson
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
-_FIELDS = {"url", "api_key", "weight", "max_concurrency", "context_tokens"}
+_FIELDS = {"url", "api_key", "weight", "max_concurrency", "context_tokens", "stream"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ class EndpointConfig:
     max_concurrency: int | None = None
     #: The context window, when the server does not report it (None: ask the server).
     context_tokens: int | None = None
+    #: Ask for streamed answers: their first event says the prompt is prefilled
+    #: (:mod:`~drcredit.judges.fleet.prefill`). False for a server that streams badly.
+    stream: bool = True
 
     @property
     def chat_url(self) -> str:
@@ -82,6 +85,7 @@ def _from_json(text: str, setting: str) -> tuple[EndpointConfig, ...]:
                 weight=_positive(entry.get("weight", 1.0), f"{where}.weight", float),
                 max_concurrency=_optional_positive_int(entry.get("max_concurrency"), f"{where}.max_concurrency"),
                 context_tokens=_optional_positive_int(entry.get("context_tokens"), f"{where}.context_tokens"),
+                stream=_bool(entry.get("stream", True), f"{where}.stream"),
             )
         )
     return _distinct(tuple(out), setting)
@@ -118,6 +122,12 @@ def _positive(value: Any, where: str, kind: type[float]) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ValueError(f"{where}: expected a number above 0, got {value!r}")
     return kind(value)
+
+
+def _bool(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: expected true or false, got {value!r}")
+    return value
 
 
 def _optional_positive_int(value: Any, where: str) -> int | None:

@@ -64,10 +64,15 @@ class Learning:
         e.counts[outcome] += 1
         metrics.JUDGE_ENDPOINT_RESPONSES.labels(e.url, outcome).inc()
 
-    def answered(self, lease: Lease, latency_s: float | None, rates: RateHeaders | None = None) -> None:
+    def answered(
+        self, lease: Lease, latency_s: float | None, rates: RateHeaders | None = None, first_s: float | None = None
+    ) -> None:
         """The endpoint answered (any HTTP answer but a 429 or a 5xx); ``latency_s`` of a
-        completion (None: an error answer, which says nothing of the server's pace)."""
+        completion (None: an error answer, which says nothing of the server's pace);
+        ``first_s``: when its first streamed event came (None: not streamed)."""
         e = lease.endpoint
+        if latency_s is not None:
+            e.prefill.answered(first_s, latency_s)
         self._count(e, "answered")
         if e.health.answered(self._clock()):
             self._notify(e, True)  # back from an outage, with the limit it had before it

@@ -2,7 +2,8 @@
 
 Calls wait here, not in the judge servers: an endpoint is sent at most this process's
 share of its learned limit (:mod:`~drcredit.judges.fleet.limits`, shared through
-:mod:`~drcredit.judges.fleet.store`), and a waiting call is handed the next free place
+:mod:`~drcredit.judges.fleet.store`) and, where it streams, at most its depth of calls
+waiting for their prefill (:mod:`~drcredit.judges.fleet.prefill`), and a waiting call is handed the next free place
 in order of its priority (:data:`CALL_PRIORITY`, the calls its chain still has to make:
 the step's longest chains first), arrival order among equals. A call goes to the
 endpoint that would answer it soonest: the least ``latency x (1 + load / share) /
@@ -191,8 +192,9 @@ class Fleet(Learning, Sharing):
                 if e.url not in exclude and not e.health.up and not e.health.probing:
                     e.health.start_probe()
                     return self._lease(e, probe=True)
+        held = self.pins.get(key) if key is not None else None  # before this call pins it
         best = self._choose(exclude, ahead, key)
-        return None if best is None else self._lease(best, probe=False)
+        return None if best is None else self._lease(best, probe=False, follows=held == best.url)
 
     def _choose(self, exclude: frozenset[str], ahead: int, key: str | None = None) -> Endpoint | None:
         """The endpoint with room a call should take now; None: it should wait. A call
@@ -209,6 +211,8 @@ class Fleet(Learning, Sharing):
             expected = self._expected(e, ahead, fallback)
             ewma = e.latency.ewma
             scored.append((e, math.inf if ewma is None else ewma / e.config.weight))
+            if e.prefill.full():  # a call pinned there may wait for it; no other goes there now
+                continue
             if expected < best_time:
                 best, best_time = e, expected
         # Calls that timed out in its queue still take places there until it is done with them.
@@ -230,9 +234,19 @@ class Fleet(Learning, Sharing):
         known = [e.latency.ewma for e in self.endpoints if e.latency.ewma is not None]
         return sum(known) / len(known) if known else 1.0
 
-    def _lease(self, e: Endpoint, *, probe: bool) -> Lease:
+    def _lease(self, e: Endpoint, *, probe: bool, follows: bool = False) -> Lease:
         e.in_flight += 1
-        return Lease(e, e.record.limit.epoch, probe, load=e.load)
+        e.prefill.sent()
+        return Lease(e, e.record.limit.epoch, probe, load=e.load, prefilling=True, follows=follows)
+
+    def first_event(self, lease: Lease, seconds: float) -> None:
+        """The call's first streamed event came ``seconds`` after it was sent: the server
+        has prefilled its prompt (:mod:`~drcredit.judges.fleet.prefill`)."""
+        if lease.prefilling and not lease.released:
+            lease.prefilling = False
+            e = lease.endpoint
+            e.prefill.first_event(seconds, lease.follows, lease.sent_at, self._clock(), e.latency.ewma)
+            self._dispatch()
 
     def _owned(self, lease: Lease, tenant: str) -> Lease:
         lease.tenant = tenant
@@ -260,6 +274,8 @@ class Fleet(Learning, Sharing):
             self._waiters.pop_first(capped)
         while len(self._waiters) > 1 and self._serve_last():
             pass
+        while self._waiters and self._serve_fitting():
+            pass
         self._export_waiting()
         self._arm_timer()
 
@@ -283,6 +299,7 @@ class Fleet(Learning, Sharing):
         capped = self.shares.capped(self._tenant_in_flight)
         last = self._waiters.last(capped)
         key = None if last is None else self.affinities.of(last.rank)
+        held = self.pins.get(key) if key is not None else None
         if key is not None:
             endpoint = self._choose(frozenset(), ahead=ahead, key=key)
             if endpoint is None:
@@ -291,7 +308,31 @@ class Fleet(Learning, Sharing):
         if waiter is None:
             return False
         if not waiter.future.done():
-            waiter.future.set_result(self._owned(self._lease(endpoint, probe=False), waiter.owner.tenant))
+            lease = self._lease(endpoint, probe=False, follows=held == endpoint.url)
+            waiter.future.set_result(self._owned(lease, waiter.owner.tenant))
+        return True
+
+    def _serve_fitting(self) -> bool:
+        """Place the most urgent waiting call that an endpoint takes now: the first ones
+        may wait for a replica that holds their prefix while another has room."""
+        if not any(e.health.up and e.in_flight < e.share and not e.prefill.full() for e in self.endpoints):
+            return False
+        capped = self.shares.capped(self._tenant_in_flight)
+        placed: list[Lease] = []
+
+        def fits(waiter: Waiter) -> bool:
+            if waiter.future.done():
+                return False
+            lease = self._place(waiter.exclude, waiter.force_probe, key=self.affinities.of(waiter.rank))
+            if lease is None:
+                return False
+            placed.append(lease)
+            return True
+
+        waiter = self._waiters.pop_first_where(fits, capped)
+        if waiter is None:
+            return False
+        waiter.future.set_result(self._owned(placed[0], waiter.owner.tenant))
         return True
 
     def _serve(self, waiter: Waiter) -> bool:
@@ -329,6 +370,9 @@ class Fleet(Learning, Sharing):
         lease.released = True
         e = lease.endpoint
         e.in_flight -= 1
+        if lease.prefilling:
+            lease.prefilling = False
+            e.prefill.gone()
         self._tenant_in_flight[lease.tenant] -= 1
         if self._tenant_in_flight[lease.tenant] <= 0:
             del self._tenant_in_flight[lease.tenant]

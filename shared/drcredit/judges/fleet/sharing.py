@@ -23,6 +23,7 @@ from drcredit import metrics
 from drcredit.judges.fleet import limits
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.rates import QUIET_S, RateLimits, probed_rpm, reserve
+from drcredit.judges.fleet.report import endpoint_status
 from drcredit.judges.fleet.state import Endpoint, Lease
 from drcredit.judges.fleet.store import STALE_S, EndpointRecord, FleetStore, ProcessReport, demand_share
 from drcredit.tenancy.shares import Shares
@@ -93,6 +94,9 @@ class Sharing:
             "waiting": self._waiting,
             "cooling_s": max(0.0, round(e.cool_until - self._clock(), 3)),
             "counts": dict(e.counts),
+            # Calls waiting for their prefill, and how many may (None: it does not stream).
+            "prefilling": e.prefill.waiting,
+            "prefill_depth": round(e.prefill.depth, 2) if e.prefill.gates else None,
         }
 
     # ------------------------------------------------------------------ pacing
@@ -319,44 +323,12 @@ class Sharing:
         fleet's record of it (from any thread: /readyz)."""
         reports = self.store.reports()
         records = self.store.records(self.urls)
-        out = []
-        for e in self.endpoints:
-            views = [r.endpoints[e.url] for r in reports if e.url in r.endpoints]
-            record = records[e.url]
-            ups = [bool(v.get("up")) for v in views]
-            latencies = [v["latency_s"] for v in views if v.get("latency_s") is not None]
-            counts: Counter[str] = Counter()
-            for v in views:
-                counts.update(v.get("counts") or {})
-            down = [v for v in views if not v.get("up")]
-            out.append(
-                {
-                    "endpoint": e.url,
-                    # idle: no process has called it yet; mixed: some processes have it
-                    # out of their rotation, others not.
-                    "state": "idle" if not views else "up" if all(ups) else "down" if not any(ups) else "mixed",
-                    "processes": len(views),
-                    "in_flight": sum(int(v.get("in_flight") or 0) for v in views),
-                    "limit": round(record.limit.limit, 2),
-                    "slow_start": record.limit.slow_start,
-                    # Seen queueing calls inside (latency over its base, or a timeout
-                    # while it answered others), and the slots that implied.
-                    "queues": record.limit.queues,
-                    "slots_estimate": None if record.limit.slots is None else round(record.limit.slots, 1),
-                    "waiting": sum(int(v.get("waiting") or 0) for v in views),
-                    "latency_s": round(sum(latencies) / len(latencies), 4) if latencies else None,
-                    "answered": counts["answered"],
-                    "rate_limited": counts["rate_limited"],
-                    "failed": counts["connection"] + counts["timeout"] + counts["server_error"],
-                    "requests_per_minute": round(record.rpm, 1) if record.rpm is not None else None,
-                    "rate_source": None if record.rpm is None else "inferred" if record.rpm_inferred else "declared",
-                    "tokens_per_minute": record.tpm,
-                    "context_tokens": record.context_tokens or e.config.context_tokens,
-                    "slots": record.slots,
-                    "reason": down[0].get("reason") if down else None,
-                }
+        return [
+            endpoint_status(
+                e.url, records[e.url], [r.endpoints[e.url] for r in reports if e.url in r.endpoints], e.config
             )
-        return out
+            for e in self.endpoints
+        ]
 
     def _adopt(self, e: Endpoint, record: EndpointRecord) -> None:
         """Take the fleet's record, keeping the growth of this process not shared yet."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.health import EndpointHealth
 from drcredit.judges.fleet.latency import LatencyWatch
+from drcredit.judges.fleet.prefill import PrefillQueue
 from drcredit.judges.fleet.store import EndpointRecord
 from drcredit.tenancy.owner import Owner
 
@@ -63,6 +64,8 @@ class Endpoint:
     #: When the pace was last inferred from a 429, and last cut by a 429 too soon after.
     inferred_at: float | None = None
     rate_cut_at: float = -math.inf
+    #: Its calls waiting for their prefill, and how many may.
+    prefill: PrefillQueue = field(default_factory=PrefillQueue)
 
     @property
     def url(self) -> str:
@@ -114,6 +117,10 @@ class Lease:
     released: bool = False
     #: The tenant whose call holds the place (its in-flight count in the process).
     tenant: str = ""
+    #: Its first streamed event has not come yet.
+    prefilling: bool = False
+    #: The endpoint held its prompt head when it went (its key was pinned there).
+    follows: bool = False
 
 
 @dataclass(order=True)

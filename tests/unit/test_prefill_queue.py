@@ -1,0 +1,174 @@
+"""The calls a process lets wait for an endpoint's prefill (``judges.fleet.prefill``), one
+test per rule, values worked by hand: a 1 s answer latency allows 0.05 s of queueing
+(``TARGET_SHARE``); the floor is the least time to a follower's first event."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from drcredit.judges.fleet import prefill
+from drcredit.judges.fleet.affinity import CALL_AFFINITY
+from drcredit.judges.fleet.endpoints import EndpointConfig
+from drcredit.judges.fleet.prefill import PrefillQueue
+from drcredit.judges.fleet.router import Fleet, Lease
+from drcredit.judges.fleet.state import CALL_PRIORITY
+from tests.support import aio
+
+
+def streaming(depth: float = 8.0) -> PrefillQueue:
+    queue = PrefillQueue()
+    queue.depth = depth
+    queue.answered(first_s=0.1, total_s=1.0)  # one streamed answer: its first event well before its end
+    return queue
+
+
+def filled(queue: PrefillQueue, calls: int) -> None:
+    for _ in range(calls):
+        queue.sent()
+
+
+def test_an_endpoint_is_not_held_to_a_depth_until_it_is_seen_to_stream() -> None:
+    queue = PrefillQueue()
+    filled(queue, 50)
+    assert not queue.full()  # nothing known: as before streaming
+    queue.first_event(0.01, follows=False, sent_at=0.0, now=0.01, latency_s=None)
+    assert queue.gates and queue.waiting == 49 and queue.full()  # a first event came: it streams
+
+
+def test_answers_whose_first_event_comes_with_their_end_turn_the_depth_off() -> None:
+    queue = streaming()
+    filled(queue, 50)
+    assert queue.full()
+    # A buffering proxy: the first event after 95% of the call's time. The share of
+    # streamed answers falls 1 -> 0.8 -> 0.64 -> 0.512 -> 0.4096 (weight 0.2).
+    for share in (0.8, 0.64, 0.512):
+        queue.answered(first_s=0.95, total_s=1.0)
+        assert queue.streamed == pytest.approx(share) and queue.full()
+    queue.answered(first_s=0.95, total_s=1.0)
+    assert not queue.gates and not queue.full()
+    queue.answered(first_s=None, total_s=1.0)  # an answer in one body: not streamed either
+    assert not queue.gates
+
+
+def test_the_depth_bounds_the_calls_waiting_for_their_first_event() -> None:
+    queue = streaming(depth=3.6)
+    filled(queue, 2)
+    assert not queue.full()
+    filled(queue, 1)
+    assert queue.full()  # floor(3.6) = 3 waiting
+    queue.gone()  # one answered or given up without a first event
+    assert not queue.full() and queue.waiting == 2
+
+
+def test_a_follower_that_queued_past_the_target_cuts_the_depth_once_per_round() -> None:
+    queue = streaming(depth=8.0)
+    filled(queue, 3)
+    queue.first_event(0.02, follows=True, sent_at=0.0, now=1.0, latency_s=1.0)  # floor 0.02: queued 0
+    assert queue.depth == 8.0
+    queue.first_event(0.09, follows=True, sent_at=0.5, now=1.1, latency_s=1.0)  # queued 0.07 > 0.05
+    assert queue.depth == 6.0  # 8 x 0.75
+    # Sent before that cut (at 0.9 < 1.1): the same congestion, no second cut.
+    queue.first_event(0.2, follows=True, sent_at=0.9, now=1.2, latency_s=1.0)
+    assert queue.depth == 6.0
+    filled(queue, 1)
+    queue.first_event(0.2, follows=True, sent_at=1.15, now=1.4, latency_s=1.0)  # sent after the cut
+    assert queue.depth == 4.5
+
+
+def test_the_depth_never_falls_below_two() -> None:
+    queue = streaming(depth=2.2)
+    filled(queue, 1)
+    queue.first_event(0.5, follows=False, sent_at=0.0, now=0.5, latency_s=1.0)  # a leader sets no floor
+    assert queue.depth == 2.2
+    filled(queue, 2)
+    queue.first_event(0.01, follows=True, sent_at=0.0, now=1.0, latency_s=1.0)
+    queue.first_event(0.5, follows=True, sent_at=0.5, now=1.5, latency_s=1.0)  # queued 0.49
+    assert queue.depth == prefill.MIN_DEPTH
+
+
+def test_a_depth_in_use_grows_by_one_a_call_until_the_first_cut_then_by_one_a_round() -> None:
+    queue = streaming(depth=4.0)
+    filled(queue, 5)
+    queue.first_event(0.01, follows=True, sent_at=0.0, now=0.1, latency_s=1.0)
+    assert queue.depth == 4.0  # not reached: nothing said the depth was too small
+    assert queue.full()  # 4 waiting: reached
+    queue.first_event(0.02, follows=True, sent_at=0.0, now=0.2, latency_s=1.0)  # queued 0.01
+    assert queue.depth == 5.0
+    filled(queue, 3)
+    assert queue.full()  # 5 waiting
+    queue.first_event(0.2, follows=True, sent_at=0.15, now=0.3, latency_s=1.0)  # queued 0.19: cut
+    assert queue.depth == 3.75
+    assert queue.full()  # 4 waiting of floor(3.75) = 3
+    queue.first_event(0.02, follows=True, sent_at=0.4, now=0.5, latency_s=1.0)
+    assert queue.depth == pytest.approx(3.75 + 1 / 3.75)
+
+
+def test_without_a_known_latency_or_a_follower_the_depth_holds() -> None:
+    queue = streaming(depth=8.0)
+    filled(queue, 8)
+    assert queue.full()
+    queue.first_event(3.0, follows=True, sent_at=0.0, now=3.0, latency_s=None)  # no latency yet
+    queue.first_event(3.0, follows=False, sent_at=0.0, now=3.0, latency_s=1.0)  # its own prefill is long
+    assert queue.depth == 8.0
+
+
+def test_the_fleet_holds_calls_past_the_depth_and_sends_the_most_urgent_first() -> None:
+    async def run() -> list[int]:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")])
+        e = fleet.endpoints[0]
+        e.prefill.depth = 2.0
+        e.prefill.answered(first_s=0.1, total_s=1.0)
+        placed: list[int] = []
+
+        async def call(priority: int) -> Lease:
+            CALL_PRIORITY.set(priority)
+            lease = await fleet.acquire()
+            placed.append(priority)
+            return lease
+
+        first = [await call(5), await call(5)]
+        waiting = [asyncio.create_task(call(p)) for p in (1, 9, 3)]
+        await asyncio.sleep(0.01)
+        assert placed == [5, 5] and e.in_flight == 2  # two wait for their prefill: the rest here
+        fleet.first_event(first[0], 0.01)  # one prefilled: the most urgent waiting goes
+        await asyncio.sleep(0.01)
+        fleet.release(first[1])  # one failed before its first event: its place is given back
+        await asyncio.sleep(0.01)
+        fleet.first_event(first[0], 0.01)  # told twice: counted once
+        assert e.prefill.waiting == 2
+        for task in waiting:
+            task.cancel()
+        await fleet.aclose()
+        return placed
+
+    assert aio.run(run()) == [5, 5, 9, 3]
+
+
+def test_a_call_waits_for_its_replica_while_an_unpinned_one_takes_the_other() -> None:
+    async def run() -> tuple[str, str]:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1"), EndpointConfig("http://judge-1/v1")])
+        for e in fleet.endpoints:
+            e.prefill.depth = 2.0
+            e.prefill.answered(first_s=0.1, total_s=1.0)
+            e.latency.track(1.0)
+        a = fleet.endpoints[0]
+        fleet.pins.pin("visit-7", a.url)
+        a.prefill.waiting = 2  # its prefill queue is full
+        CALL_AFFINITY.set("visit-7")
+        CALL_PRIORITY.set(9)
+        pinned = asyncio.create_task(fleet.acquire())
+        await asyncio.sleep(0.01)
+        assert not pinned.done()  # the visit's pages are cached there: it waits
+        CALL_AFFINITY.set(None)
+        CALL_PRIORITY.set(1)
+        other = await asyncio.wait_for(fleet.acquire(), 1.0)  # less urgent, free to go anywhere
+        a.prefill.waiting = 1
+        fleet._dispatch()
+        lease = await asyncio.wait_for(pinned, 1.0)
+        await fleet.aclose()
+        return other.endpoint.url, lease.endpoint.url
+
+    other, pinned = aio.run(run())
+    assert (other, pinned) == ("http://judge-1/v1", "http://judge-0/v1")
