@@ -12,8 +12,8 @@ the client raises maps to one kind: no answer (:class:`NoAnswer`: connection, ti
 fatal one.
 
 Answers are asked as streams where the endpoint allows (``stream`` in its settings): the
-client's own server-sent-events reader (``AsyncStream``) yields the events, which add up
-here to the same body, and the first one tells the fleet the prompt is prefilled
+events add up here to the same body, and the first bytes tell the fleet the prompt is
+prefilled
 (:mod:`~drcredit.judges.fleet.prefill`). A server that answers in one body is read as
 one; an error event is a server error and a stream broken off a connection error.
 """
@@ -25,7 +25,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -198,8 +198,6 @@ async def post_chat(
         if status >= 500 or status in _RETRYABLE_STATUS:
             raise NoAnswer("server_error", f"{status}: {message}") from exc
         raise FatalJudgeError(f"{status}: {message}") from exc
-    except openai.APIError as exc:  # an error event in a stream already under way
-        raise NoAnswer("server_error", f"error in the streamed answer: {exc.message}") from exc
     except httpx2.TransportError as exc:  # the stream broke off
         raise NoAnswer("connection", f"connection error: {type(exc).__name__}: {exc}") from exc
 
@@ -222,26 +220,30 @@ async def _streamed(
             return await stream.response.aread(), headers, False
         try:
             async with asyncio.timeout(max(0.001, timeout_s - (time.monotonic() - started))):
-                return await assembled(stream, first_event), headers, True
+                return await assembled(stream.response, first_event), headers, True
         except TimeoutError as exc:
             raise openai.APITimeoutError(request=stream.response.request) from exc
+        except RetryableError as exc:  # an unreadable event
+            exc.endpoint = e.url
+            raise
     finally:
         await stream.close()
 
 
-async def assembled(stream: openai.AsyncStream[object], first_event: Callable[[], None]) -> bytes:
+async def assembled(response: httpx2.Response, first_event: Callable[[], None]) -> bytes:
     """A streamed answer as the one chat-completions body it adds up to (its content,
-    finish reason, model, usage and llama.cpp's timings)."""
+    finish reason, model, usage and llama.cpp's timings); ``first_event`` is called as its
+    first bytes come."""
     content: list[str] = []
     finish: str | None = None
     out: dict[str, Any] = {}
-    first = True
-    async for event in stream:
-        if first:
-            first_event()
-            first = False
+    async for event in sse_data(response, first_event):
         if not isinstance(event, dict):
             continue
+        if event.get("error"):
+            error = event["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            raise NoAnswer("server_error", f"error in the streamed answer: {message}")
         for key in ("model", "usage", "timings"):
             if event.get(key):
                 out[key] = event[key]
@@ -254,6 +256,34 @@ async def assembled(stream: openai.AsyncStream[object], first_event: Callable[[]
         {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "".join(content)}}
     ]
     return orjson.dumps(out)
+
+
+async def sse_data(response: httpx2.Response, first_event: Callable[[], None]) -> AsyncIterator[Any]:
+    """The JSON of each ``data:`` line of a server-sent-events body, up to ``[DONE]``.
+
+    Read here rather than by the client's own reader (``AsyncStream``), which took a
+    judgment's client CPU from 1.09 to 1.52 ms (python -m bench.judge_client): chat
+    completion events are one ``data:`` line each, parsed with orjson. A line that is
+    not JSON is an invalid answer, like an unreadable body.
+    """
+    buffer = b""
+    first = True
+    async for chunk in response.aiter_bytes():
+        if first:
+            first_event()
+            first = False
+        buffer = (buffer + chunk).replace(b"\r\n", b"\n")
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, comments, event names
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return
+            try:
+                yield orjson.loads(data)
+            except orjson.JSONDecodeError as exc:
+                raise RetryableError("invalid", f"unreadable streamed event: {data[:200]!r}") from exc
 
 
 def messages_of(prompt: Prompt, plan: AttemptPlan) -> list[dict[str, str]]:
