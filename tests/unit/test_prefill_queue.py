@@ -1,6 +1,7 @@
 """The calls a process lets wait for an endpoint's prefill (``judges.fleet.prefill``), one
 test per rule, values worked by hand: a 1 s answer latency allows 0.05 s of queueing
-(``TARGET_SHARE``); the floor is the least time to a follower's first event."""
+(``TARGET_SHARE``) past the floor, and never less than the floor itself; with fewer than
+eleven followers seen the floor is the least time to their first events."""
 
 from __future__ import annotations
 
@@ -172,3 +173,26 @@ def test_a_call_waits_for_its_replica_while_an_unpinned_one_takes_the_other() ->
 
     other, pinned = aio.run(run())
     assert (other, pinned) == ("http://judge-1/v1", "http://judge-0/v1")
+
+
+def test_a_hosted_apis_varying_first_tokens_do_not_cut_the_depth_within_the_floor() -> None:
+    queue = streaming(depth=8.0)
+    filled(queue, 3)
+    # First tokens after 0.4 s with no queue at all; a 3 s answer latency allows 0.15 s.
+    queue.first_event(0.4, follows=True, sent_at=0.0, now=0.4, latency_s=3.0)
+    queue.first_event(0.75, follows=True, sent_at=0.1, now=0.85, latency_s=3.0)  # 0.35 past: within the floor
+    assert queue.depth == 8.0
+    queue.first_event(0.85, follows=True, sent_at=0.2, now=1.05, latency_s=3.0)  # 0.45 past: over both
+    assert queue.depth == 6.0
+
+
+def test_the_floor_is_a_low_quantile_not_one_lucky_call() -> None:
+    queue = streaming(depth=8.0)
+    filled(queue, 22)
+    queue.first_event(0.001, follows=True, sent_at=0.0, now=0.1, latency_s=1.0)  # one lucky call
+    for _ in range(20):
+        queue.first_event(0.04, follows=True, sent_at=0.0, now=0.1, latency_s=1.0)
+    # 21 samples: the floor is the 3rd least (index int(0.1 x 20) = 2), 0.04, so 0.085 queued
+    # 0.045 (within 0.05); against the lucky call's 0.001 it would have been 0.084, a cut.
+    queue.first_event(0.085, follows=True, sent_at=0.05, now=0.2, latency_s=1.0)
+    assert queue.depth == 8.0

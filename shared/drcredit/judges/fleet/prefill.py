@@ -11,14 +11,17 @@ prefill, and the rest in its own queue, in priority order (BENCHMARKS.md, round 
 
 A streamed answer's first event marks the end of the call's prefill: a server sends it
 with the first token. For a call whose prompt head the endpoint already holds (a
-visit's later rubric calls, whose own prefill is short), the time to that event less the
-least such time of late (the *floor*, what the server takes when nothing queues: its
-network and its scheduling, long on a hosted API) is the time the call queued. The depth
-starts at :data:`STARTING_DEPTH` and, while the depth is in use, each such call that
-queued less than :data:`TARGET_SHARE` of the endpoint's answer latency grows it (by one
-until the first cut, a slow start doubling per round; then by one per round); one that
-queued longer cuts it by :data:`CUT`, once per round (only a call sent after the last
-cut can cut again). It never goes below
+visit's later rubric calls, whose own prefill is short), the time to that event less a
+low quantile of such times of late (the *floor*, what the server takes when nothing
+queues: its network and its scheduling, long on a hosted API) is the time the call
+queued. A call queued too long when it queued more than :data:`TARGET_SHARE` of the
+endpoint's answer latency and more than the floor itself (a hosted API's first tokens
+vary by more than a twentieth of its latency with no queue of ours behind them; the
+same rule as the concurrency limit's answers past twice the base). The depth starts at
+:data:`STARTING_DEPTH` and, while the depth is in use, each such call that did not
+queue too long grows it (by one until the first cut, a slow start doubling per round;
+then by one per round); one that did cuts it by :data:`CUT`, once per round (only a call
+sent after the last cut can cut again). It never goes below
 :data:`MIN_DEPTH`: one call prefilled while the next waits keeps the server busy across
 the platform's own reaction time. An endpoint that answers in one body, or buffers its
 stream (the first event comes with the last), is never held to a depth. Per process and
@@ -40,7 +43,9 @@ MIN_DEPTH = 2
 TARGET_SHARE = 0.05
 #: What a cut leaves of the depth.
 CUT = 0.75
-#: First events the floor is the least of.
+#: The floor is this low quantile of the last :data:`FLOOR_MEMORY` such times (the
+#: very least would be one lucky call's).
+FLOOR_QUANTILE = 0.1
 FLOOR_MEMORY = 256
 #: A stream whose first event comes after this share of the call's time is buffered.
 BUFFERED_SHARE = 0.9
@@ -96,8 +101,9 @@ class PrefillQueue:
         self._floor.append(seconds)
         if latency_s is None:
             return
-        queued = seconds - min(self._floor)
-        if queued > TARGET_SHARE * latency_s:
+        floor = sorted(self._floor)[int(FLOOR_QUANTILE * (len(self._floor) - 1))]
+        queued = seconds - floor
+        if queued > max(TARGET_SHARE * latency_s, floor):
             if sent_at > self._cut_at:
                 self.depth = max(float(MIN_DEPTH), self.depth * CUT)
                 self._cut_at = now
