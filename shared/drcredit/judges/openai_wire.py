@@ -12,10 +12,10 @@ the client raises maps to one kind: no answer (:class:`NoAnswer`: connection, ti
 fatal one.
 
 Answers are asked as streams where the endpoint allows (``stream`` in its settings): the
-events add up here to the same body, and the first bytes tell the fleet the prompt is
-prefilled
-(:mod:`~drcredit.judges.fleet.prefill`). A server that answers in one body is read as
-one; an error event is a server error and a stream broken off a connection error.
+events add up here to the same body, and their first bytes tell the fleet the prompt is
+prefilled (:mod:`~drcredit.judges.fleet.prefill`). A server that answers in one body is
+read as one; an error event is a server error and a stream broken off a connection
+error.
 """
 
 from __future__ import annotations
