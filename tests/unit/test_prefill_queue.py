@@ -1,7 +1,8 @@
 """The calls a process lets wait for an endpoint's prefill (``judges.fleet.prefill``), one
 test per rule, values worked by hand: a 1 s answer latency allows 0.05 s of queueing
 (``TARGET_SHARE``) past the floor, and never less than the floor itself; with fewer than
-eleven followers seen the floor is the least time to their first events."""
+eleven followers seen the floor is the least time to their first events, and the depth
+answers to the median of the last sixteen."""
 
 from __future__ import annotations
 
@@ -63,47 +64,54 @@ def test_the_depth_bounds_the_calls_waiting_for_their_first_event() -> None:
     assert not queue.full() and queue.waiting == 2
 
 
-def test_a_follower_that_queued_past_the_target_cuts_the_depth_once_per_round() -> None:
+def test_followers_that_queued_past_the_target_cut_the_depth_once_per_round() -> None:
     queue = streaming(depth=8.0)
-    filled(queue, 3)
-    queue.first_event(0.02, follows=True, sent_at=0.0, now=1.0, latency_s=1.0)  # floor 0.02: queued 0
+    filled(queue, 40)
+    for _ in range(4):  # first events 0.02 s after sending: the floor, no queue
+        queue.first_event(0.02, follows=True, sent_at=0.0, now=0.5, latency_s=1.0)
+    # Then 0.1 s: the median of the followers moves only once most of them are late:
+    # four late of eight, median (0.02 + 0.1) / 2 = 0.06, queued 0.04: within 0.05.
+    for _ in range(4):
+        queue.first_event(0.1, follows=True, sent_at=0.6, now=1.0, latency_s=1.0)
     assert queue.depth == 8.0
-    queue.first_event(0.09, follows=True, sent_at=0.5, now=1.1, latency_s=1.0)  # queued 0.07 > 0.05
+    queue.first_event(0.1, follows=True, sent_at=0.6, now=1.0, latency_s=1.0)  # five of nine: 0.08
     assert queue.depth == 6.0  # 8 x 0.75
-    # Sent before that cut (at 0.9 < 1.1): the same congestion, no second cut.
-    queue.first_event(0.2, follows=True, sent_at=0.9, now=1.2, latency_s=1.0)
+    # Sent before that cut: the same congestion, no second cut.
+    queue.first_event(0.1, follows=True, sent_at=0.9, now=1.1, latency_s=1.0)
     assert queue.depth == 6.0
-    filled(queue, 1)
-    queue.first_event(0.2, follows=True, sent_at=1.15, now=1.4, latency_s=1.0)  # sent after the cut
+    queue.first_event(0.1, follows=True, sent_at=1.05, now=1.3, latency_s=1.0)  # sent after it
     assert queue.depth == 4.5
 
 
 def test_the_depth_never_falls_below_two() -> None:
     queue = streaming(depth=2.2)
-    filled(queue, 1)
+    filled(queue, 10)
     queue.first_event(0.5, follows=False, sent_at=0.0, now=0.5, latency_s=1.0)  # a leader sets no floor
-    assert queue.depth == 2.2
-    filled(queue, 2)
-    queue.first_event(0.01, follows=True, sent_at=0.0, now=1.0, latency_s=1.0)
-    queue.first_event(0.5, follows=True, sent_at=0.5, now=1.5, latency_s=1.0)  # queued 0.49
+    for _ in range(3):
+        queue.first_event(0.01, follows=True, sent_at=0.0, now=1.0, latency_s=1.0)
+    for _ in range(3):  # the third makes the median (0.01 + 0.5) / 2: queued 0.245
+        queue.first_event(0.5, follows=True, sent_at=0.5, now=1.5, latency_s=1.0)
     assert queue.depth == prefill.MIN_DEPTH
 
 
 def test_a_depth_in_use_grows_by_one_a_call_until_the_first_cut_then_by_one_a_round() -> None:
     queue = streaming(depth=4.0)
-    filled(queue, 5)
+    filled(queue, 20)
     queue.first_event(0.01, follows=True, sent_at=0.0, now=0.1, latency_s=1.0)
-    assert queue.depth == 4.0  # not reached: nothing said the depth was too small
-    assert queue.full()  # 4 waiting: reached
-    queue.first_event(0.02, follows=True, sent_at=0.0, now=0.2, latency_s=1.0)  # queued 0.01
+    assert queue.depth == 4.0  # not reached since: nothing says the depth is too small
+    assert queue.full()  # 19 waiting: reached
+    queue.first_event(0.02, follows=True, sent_at=0.0, now=0.2, latency_s=1.0)  # median 0.015: queued 0.005
     assert queue.depth == 5.0
-    filled(queue, 3)
-    assert queue.full()  # 5 waiting
-    queue.first_event(0.2, follows=True, sent_at=0.15, now=0.3, latency_s=1.0)  # queued 0.19: cut
-    assert queue.depth == 3.75
-    assert queue.full()  # 4 waiting of floor(3.75) = 3
-    queue.first_event(0.02, follows=True, sent_at=0.4, now=0.5, latency_s=1.0)
-    assert queue.depth == pytest.approx(3.75 + 1 / 3.75)
+    assert queue.full()
+    queue.first_event(0.02, follows=True, sent_at=0.0, now=0.2, latency_s=1.0)
+    assert queue.depth == 6.0
+    for _ in range(3):  # the third makes the median (0.02 + 0.3) / 2 = 0.16: a cut
+        queue.first_event(0.3, follows=True, sent_at=0.25, now=0.6, latency_s=1.0)
+    assert queue.depth == 4.5
+    assert queue.full()
+    # Seven followers: 0.01, 0.01, 0.02, 0.02, 0.3, 0.3, 0.3: median 0.02, queued 0.01.
+    queue.first_event(0.01, follows=True, sent_at=0.7, now=0.8, latency_s=1.0)
+    assert queue.depth == pytest.approx(4.5 + 1 / 4.5)
 
 
 def test_without_a_known_latency_or_a_follower_the_depth_holds() -> None:
@@ -177,22 +185,31 @@ def test_a_call_waits_for_its_replica_while_an_unpinned_one_takes_the_other() ->
 
 def test_a_hosted_apis_varying_first_tokens_do_not_cut_the_depth_within_the_floor() -> None:
     queue = streaming(depth=8.0)
-    filled(queue, 3)
+    filled(queue, 30)
     # First tokens after 0.4 s with no queue at all; a 3 s answer latency allows 0.15 s.
-    queue.first_event(0.4, follows=True, sent_at=0.0, now=0.4, latency_s=3.0)
-    queue.first_event(0.75, follows=True, sent_at=0.1, now=0.85, latency_s=3.0)  # 0.35 past: within the floor
+    for seconds in (0.4, 0.4, 0.4, 0.75, 0.75, 0.75):  # median 0.575: 0.175 past, within the floor
+        queue.first_event(seconds, follows=True, sent_at=0.0, now=0.8, latency_s=3.0)
     assert queue.depth == 8.0
-    queue.first_event(0.85, follows=True, sent_at=0.2, now=1.05, latency_s=3.0)  # 0.45 past: over both
-    assert queue.depth == 6.0
+    for _ in range(16):  # then 1.0 s: 0.6 past the floor, over both
+        queue.first_event(1.0, follows=True, sent_at=0.1, now=1.2, latency_s=3.0)
+    assert queue.depth == 6.0  # once: all sent before the cut
 
 
 def test_the_floor_is_a_low_quantile_not_one_lucky_call() -> None:
     queue = streaming(depth=8.0)
-    filled(queue, 22)
+    filled(queue, 40)
     queue.first_event(0.001, follows=True, sent_at=0.0, now=0.1, latency_s=1.0)  # one lucky call
     for _ in range(20):
         queue.first_event(0.04, follows=True, sent_at=0.0, now=0.1, latency_s=1.0)
-    # 21 samples: the floor is the 3rd least (index int(0.1 x 20) = 2), 0.04, so 0.085 queued
-    # 0.045 (within 0.05); against the lucky call's 0.001 it would have been 0.084, a cut.
-    queue.first_event(0.085, follows=True, sent_at=0.05, now=0.2, latency_s=1.0)
+    for _ in range(16):
+        queue.first_event(0.085, follows=True, sent_at=0.05, now=0.2, latency_s=1.0)
+    # 37 times: the floor is the 4th least (index int(0.1 x 36) = 3), 0.04, so the median
+    # 0.085 queued 0.045 (within 0.05); against the lucky call's 0.001 it would be a cut.
     assert queue.depth == 8.0
+
+
+def test_a_call_follows_when_its_prompt_head_went_to_the_endpoint_before() -> None:
+    queue = PrefillQueue()
+    assert not queue.sent("visit-1") and queue.sent("visit-1")
+    assert not queue.sent("visit-2") and not queue.sent(None)
+    assert queue.waiting == 4

@@ -14,14 +14,15 @@ with the first token. For a call whose prompt head the endpoint already holds (a
 visit's later rubric calls, whose own prefill is short), the time to that event less a
 low quantile of such times of late (the *floor*, what the server takes when nothing
 queues: its network and its scheduling, long on a hosted API) is the time the call
-queued. A call queued too long when it queued more than :data:`TARGET_SHARE` of the
+queued; the median of the last :data:`RECENT` such calls is what the depth answers to.
+They queued too long when they queued more than :data:`TARGET_SHARE` of the
 endpoint's answer latency and more than the floor itself (a hosted API's first tokens
 vary by more than a twentieth of its latency with no queue of ours behind them; the
 same rule as the concurrency limit's answers past twice the base). The depth starts at
-:data:`STARTING_DEPTH` and, while the depth is in use, each such call that did not
-queue too long grows it (by one until the first cut, a slow start doubling per round;
-then by one per round); one that did cuts it by :data:`CUT`, once per round (only a call
-sent after the last cut can cut again). It never goes below
+:data:`STARTING_DEPTH` and, while the depth is in use, each such call after which they
+did not queue too long grows it (by one until the first cut, a slow start doubling per round;
+then by one per round); one after which they did cuts it by :data:`CUT`, once per round
+(only a call sent after the last cut can cut again). It never goes below
 :data:`MIN_DEPTH`: one call prefilled while the next waits keeps the server busy across
 the platform's own reaction time. An endpoint that answers in one body, or buffers its
 stream (the first event comes with the last), is never held to a depth. Per process and
@@ -31,7 +32,10 @@ endpoint; only touched from the engine loop.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
+
+from drcredit.recent import Recent
 
 #: The depth before anything is known, per process.
 STARTING_DEPTH = 8
@@ -47,6 +51,11 @@ CUT = 0.75
 #: very least would be one lucky call's).
 FLOOR_QUANTILE = 0.1
 FLOOR_MEMORY = 256
+#: Followers whose queueing is judged together (their median): one late first token is
+#: the server's noise, most of them late a queue.
+RECENT = 16
+#: Prompt heads remembered per endpoint (a step's visits are a few thousand).
+HEADS = 16_384
 #: A stream whose first event comes after this share of the call's time is buffered.
 BUFFERED_SHARE = 0.9
 #: Weight of each answer in the share of answers that streamed.
@@ -65,6 +74,9 @@ class PrefillQueue:
         #: Whether an event came before any answer did (a stream, it seems).
         self.first_seen = False
         self._floor: deque[float] = deque(maxlen=FLOOR_MEMORY)
+        self._recent: deque[float] = deque(maxlen=RECENT)
+        #: The prompt heads (affinity keys) sent here: a later call with one follows.
+        self._heads: Recent[str, bool] = Recent(size=HEADS)
         #: The depth was reached since the last change (a grown depth is used first).
         self._used = False
         self._cut_at = -math.inf
@@ -83,8 +95,15 @@ class PrefillQueue:
         self._used = True
         return True
 
-    def sent(self) -> None:
+    def sent(self, key: str | None = None) -> bool:
+        """A call goes out with prompt head ``key``; whether one with it went before
+        (the endpoint holds that head: the call follows it)."""
         self.waiting += 1
+        if key is None:
+            return False
+        follows = self._heads.get(key) is not None
+        self._heads.put(key, True)
+        return follows
 
     def gone(self) -> None:
         """A call that waited is answered or given up without a first event."""
@@ -102,7 +121,8 @@ class PrefillQueue:
         if latency_s is None:
             return
         floor = sorted(self._floor)[int(FLOOR_QUANTILE * (len(self._floor) - 1))]
-        queued = seconds - floor
+        self._recent.append(seconds)
+        queued = statistics.median(self._recent) - floor
         if queued > max(TARGET_SHARE * latency_s, floor):
             if sent_at > self._cut_at:
                 self.depth = max(float(MIN_DEPTH), self.depth * CUT)

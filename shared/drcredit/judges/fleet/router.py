@@ -192,9 +192,8 @@ class Fleet(Learning, Sharing):
                 if e.url not in exclude and not e.health.up and not e.health.probing:
                     e.health.start_probe()
                     return self._lease(e, probe=True)
-        held = self.pins.get(key) if key is not None else None  # before this call pins it
         best = self._choose(exclude, ahead, key)
-        return None if best is None else self._lease(best, probe=False, follows=held == best.url)
+        return None if best is None else self._lease(best, probe=False, key=key)
 
     def _choose(self, exclude: frozenset[str], ahead: int, key: str | None = None) -> Endpoint | None:
         """The endpoint with room a call should take now; None: it should wait. A call
@@ -234,9 +233,9 @@ class Fleet(Learning, Sharing):
         known = [e.latency.ewma for e in self.endpoints if e.latency.ewma is not None]
         return sum(known) / len(known) if known else 1.0
 
-    def _lease(self, e: Endpoint, *, probe: bool, follows: bool = False) -> Lease:
+    def _lease(self, e: Endpoint, *, probe: bool, key: str | None = None) -> Lease:
         e.in_flight += 1
-        e.prefill.sent()
+        follows = e.prefill.sent(key)
         return Lease(e, e.record.limit.epoch, probe, load=e.load, prefilling=True, follows=follows)
 
     def first_event(self, lease: Lease, seconds: float) -> None:
@@ -299,7 +298,6 @@ class Fleet(Learning, Sharing):
         capped = self.shares.capped(self._tenant_in_flight)
         last = self._waiters.last(capped)
         key = None if last is None else self.affinities.of(last.rank)
-        held = self.pins.get(key) if key is not None else None
         if key is not None:
             endpoint = self._choose(frozenset(), ahead=ahead, key=key)
             if endpoint is None:
@@ -308,7 +306,7 @@ class Fleet(Learning, Sharing):
         if waiter is None:
             return False
         if not waiter.future.done():
-            lease = self._lease(endpoint, probe=False, follows=held == endpoint.url)
+            lease = self._lease(endpoint, probe=False, key=key)
             waiter.future.set_result(self._owned(lease, waiter.owner.tenant))
         return True
 

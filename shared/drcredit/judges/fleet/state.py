@@ -119,7 +119,7 @@ class Lease:
     tenant: str = ""
     #: Its first streamed event has not come yet.
     prefilling: bool = False
-    #: The endpoint held its prompt head when it went (its key was pinned there).
+    #: A call with its prompt head (affinity key) went to the endpoint before it.
     follows: bool = False
 
 
