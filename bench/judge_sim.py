@@ -14,7 +14,10 @@ The judges users run are simulated too (``bench.run --judge``): a small server w
 short listen queue and no keep-alive (``--backlog 5 --no-keepalive``), a hosted API
 under a request quota (``--rate 150``: a token bucket; 429 with ``retry-after`` past
 it, and with ``--rate-headers`` OpenAI's ``x-ratelimit-*`` headers on every answer),
-a server that queues (``--slots 32``: :mod:`bench.queueing_server`).
+a server that queues (``--slots 32``: :mod:`bench.queueing_server`). A request that asks
+``stream`` is answered with server-sent events, the first sent once its prompt is
+prefilled (after its wait for a slot and the prefill lane), as servers send the first
+token.
 
     python -m bench.judge_sim --port 9100 --latency 1.0 [--lognormal-sigma 0.5]
 """
