@@ -1,8 +1,11 @@
 """A pass-through HTTP proxy that records what the platform sent a real judge server.
 
 A real server cannot be scripted, but what it was asked can be checked: every request
-is forwarded unchanged and recorded with its body, the answer, when it arrived and when
-it was answered, and how many chat completions were at the server at once.
+is forwarded unchanged and recorded with its body, the answer (a streamed one added up
+to the body a plain answer has, marked ``streamed``), when it arrived and when it was
+answered, and how many chat completions were at the server at once. The proxy passes an
+answer on whole, as a buffering proxy does: the platform reads its first event with its
+last.
 """
 
 from __future__ import annotations
@@ -79,13 +82,38 @@ def _app(proxy: RecordingProxy) -> Starlette:
                 proxy.in_flight -= 1
         exchange.answered_at = time.monotonic()
         exchange.status = answer.status_code
-        try:
-            exchange.response = answer.json()
-        except ValueError:
-            exchange.response = answer.text
+        if answer.headers.get("content-type", "").startswith("text/event-stream"):
+            exchange.response = _assembled(answer.text)  # a streamed answer, read as one
+        else:
+            try:
+                exchange.response = answer.json()
+            except ValueError:
+                exchange.response = answer.text
         return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
 
     return Starlette(routes=[Route("/{path:path}", forward, methods=["GET", "POST"])])
+
+
+def _assembled(text: str) -> dict[str, Any]:
+    """A streamed chat completion's events as the body a plain answer has (its content,
+    finish reason, model, usage and llama.cpp's timings), for the tests to read."""
+    out: dict[str, Any] = {}
+    content: list[str] = []
+    finish = None
+    for line in text.splitlines():
+        data = line[5:].strip() if line.startswith("data:") else ""
+        if not data or data == "[DONE]":
+            continue
+        event = orjson.loads(data)
+        out.update({k: event[k] for k in ("model", "usage", "timings") if event.get(k)})
+        for choice in event.get("choices") or ():
+            content.append((choice.get("delta") or {}).get("content") or "")
+            finish = choice.get("finish_reason") or finish
+    out["choices"] = [
+        {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "".join(content)}}
+    ]
+    out["streamed"] = True
+    return out
 
 
 @contextmanager
