@@ -1,6 +1,6 @@
 """What the order in a judge server's prefill lane does to a step, in a model (issue 43).
 
-    python -m bench.lane_model --seeds 0,1,2
+    python -m bench.lane_model --seeds 0,1,2 [--prefill-caps 2,4,8,16,32 --prefill-ms 50,100]
 
 The two-replica prefix step (``bench.prefix_reuse``) reads 1.12-1.27x its bound. This
 model asks whether any platform could do better against the same servers. It runs the
@@ -16,7 +16,11 @@ figures are what the lanes' order alone costs. The lane is served
 - ``priority``: the call whose chain has the most calls left first, as a server with
   priority scheduling would serve what the platform sends it;
 - ``cap N``: first come first served, but the platform holds each replica to N calls in
-  flight and sends the held ones most-calls-left first (its own queue's order).
+  flight and sends the held ones most-calls-left first (its own queue's order);
+- ``prefill N``: the same, holding each replica to N calls sent and not yet prefilled
+  (a call in its latency no longer counts: what a streamed answer's first event tells
+  the platform, :mod:`drcredit.judges.fleet.prefill`); ``prefill-ms T``: to T ms of
+  expected prefill not yet done.
 
 Each reads its wall against the bound ``bench.prefix_reuse`` uses: the longer of the
 longest chain x the latency and the busiest lane's prefill plus one latency.
@@ -65,6 +69,9 @@ class Lanes:
         #: prefill the platform expects queued there, and the prefill it did.
         self.queue: list[list[tuple[int, int, int, int, int, float]]] = [[] for _ in range(n)]
         self.busy, self.flight = [False] * n, [0] * n
+        #: Per replica: the calls sent and not yet prefilled, and their expected prefill.
+        self.waiting = [0] * n
+        self.waiting_s = [0.0] * n
         self.queued_s, self.work_s = [0.0] * n, [0.0] * n
         #: Calls the platform holds back (a cap), most calls left first.
         self.held: list[tuple[int, int, int, int, int]] = []
@@ -84,7 +91,10 @@ class Lanes:
                 self._ready(now, *what)
             elif kind == "lane":
                 self.busy[what[0]] = False
+                self.waiting[what[0]] -= 1
+                self.waiting_s[what[0]] -= what[1] / 1e6
                 self._serve(now, what[0])
+                self._release(now)
             else:
                 end = now
                 replica, c, k, r = what
@@ -98,6 +108,16 @@ class Lanes:
 
     def _at(self, when: float, kind: str, what: tuple[int, ...]) -> None:
         heapq.heappush(self._events, (when, next(self._order), kind, what))
+
+    def _load(self) -> list[float]:
+        """What the cap counts per replica: calls in flight (``cap``), calls waiting for
+        their prefill (``prefill``), or milliseconds of expected prefill waiting
+        (``prefill-ms``)."""
+        if self.policy == "prefill":
+            return [float(x) for x in self.waiting]
+        if self.policy == "prefill-ms":
+            return [x * 1000 for x in self.waiting_s]
+        return [float(x) for x in self.flight]
 
     def _calls_left(self, c: int, k: int) -> int:
         return len(self.chains[c].pages) - k
@@ -113,13 +133,13 @@ class Lanes:
     def _release(self, now: float) -> None:
         """Send the held calls the cap lets through, most calls left first."""
         kept = []
-        while self.held and (self.cap is None or min(self.flight) < self.cap):
+        while self.held and (self.cap is None or min(self._load()) < self.cap):
             call = heapq.heappop(self.held)
             _, _, c, k, _ = call
             replica = self.pinned.get((c, k))
             if replica is None:
                 replica = min(range(self.replicas), key=lambda x: (self.queued_s[x], self.flight[x]))
-            if self.cap is not None and self.flight[replica] >= self.cap:
+            if self.cap is not None and self._load()[replica] >= self.cap:
                 kept.append(call)
                 continue
             # What the platform expects it to cost: the pages only if no call of the
@@ -127,6 +147,8 @@ class Lanes:
             expected = self._cost(c, k, with_pages=(c, k) not in self.pinned)
             self.pinned[(c, k)] = replica
             self.flight[replica] += 1
+            self.waiting[replica] += 1
+            self.waiting_s[replica] += expected
             self.queued_s[replica] += expected
             rank = call[0] if self.policy == "priority" else 0
             heapq.heappush(self.queue[replica], (rank, next(self._order), *call[2:], expected))
@@ -143,7 +165,7 @@ class Lanes:
         self.queued_s[replica] -= expected
         self.work_s[replica] += cost
         self.busy[replica] = True
-        self._at(now + cost, "lane", (replica,))
+        self._at(now + cost, "lane", (replica, round(expected * 1e6)))
         self._at(now + cost + self.latency_s, "answer", (replica, c, k, r))
 
 
@@ -175,9 +197,13 @@ def main() -> None:
     parser.add_argument("--prefill-us-per-token", type=float, default=20.0)
     parser.add_argument("--tail-tokens", type=int, default=100, help="a call's own rubric and history")
     parser.add_argument("--caps", default="64,130,200", help="the cap policies to model")
+    parser.add_argument("--prefill-caps", default="", help="calls waiting for their prefill, per replica")
+    parser.add_argument("--prefill-ms", default="", help="milliseconds of expected prefill waiting, per replica")
     args = parser.parse_args()
     policies: list[tuple[str, int | None]] = [("fcfs", None), ("priority", None)]
     policies += [("cap", int(x)) for x in args.caps.split(",") if x.strip()]
+    policies += [("prefill", int(x)) for x in args.prefill_caps.split(",") if x.strip()]
+    policies += [("prefill-ms", int(x)) for x in args.prefill_ms.split(",") if x.strip()]
     for seed in [int(x) for x in args.seeds.split(",")]:
         chains = chains_of(make_step(args.groups, args.rollouts, seed, args.page_tokens))
         for policy, cap in policies:
@@ -191,7 +217,7 @@ def main() -> None:
                 args.latency,
             )
             wall, bound = lanes.run()
-            name = policy if cap is None else f"cap {cap}"
+            name = policy if cap is None else f"{policy} {cap}"
             print(f"seed {seed} {name:>9}: wall {wall:6.2f} s, bound {bound:6.2f} s, ratio {wall / bound:.3f}")
 
 

@@ -47,3 +47,12 @@ def test_a_visits_rubric_calls_share_one_replica_and_its_pages_are_prefilled_onc
     wall, bound = step("fcfs", [Chain((100,), 2)], replicas=2)
     assert wall == pytest.approx(2.0)
     assert bound == pytest.approx(2.0)  # 1.0 s of prefill on the busiest replica, once, + 1 s
+
+
+def test_holding_the_calls_waiting_for_their_prefill_serves_the_long_chain_first() -> None:
+    # One call waiting for its prefill at a time. Y0 [0, 0.1]; then Z0 (held before W0,
+    # both 1 call left) [0.1, 1.2]; Y1 ready at 1.1 waits, and at 1.2 goes before W0:
+    # Y1 [1.2, 1.3] answered at 2.3, W0 [1.3, 1.9], Y2 [2.3, 2.4] answered at 3.4. The
+    # calls in their latency never counted: the priority lane's 3.4, not the cap's 7.0.
+    wall, bound = step("prefill", [Y, Z, W], cap=1)
+    assert (wall, bound) == (pytest.approx(3.4), pytest.approx(3.0))
