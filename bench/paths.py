@@ -12,6 +12,7 @@ the prompt (:func:`visit_prefill_tokens`) to the chain's time
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -32,17 +33,36 @@ def rollout_critical_path(group: GroupIn, rollout: Any, turns: list[dict[str, An
     all); a snippet call that was made waits for the visits whose credit decides its
     saturation, so its depth is the chain position of the last of them plus one.
     """
+    return round(_longest_chain(group, rollout, turns, lambda _t, _turn: 1.0, 1.0))
+
+
+def _longest_chain(
+    group: GroupIn,
+    rollout: Any,
+    turns: list[dict[str, Any]],
+    visit_cost: Callable[[int, VisitTurn], float],
+    snippet_cost: float,
+) -> float:
+    """The rollout's longest chain (:func:`rollout_critical_path`), each visit on it
+    costing ``visit_cost(turn index, turn)`` and a snippet call that was made
+    ``snippet_cost`` after the last visit it waits for."""
     plan = plan_rollout(group, rollout, group.params)
-    chain = plan.chains[0].turn_indices if plan.chains else ()
-    position = {t: k + 1 for k, t in enumerate(chain)}
-    depth = len(chain)
+    done_at: dict[int, float] = {}
+    elapsed = 0.0
+    for t in plan.chains[0].turn_indices if plan.chains else ():
+        turn = rollout.turns[t]
+        assert isinstance(turn, VisitTurn)
+        elapsed += visit_cost(t, turn)
+        done_at[t] = elapsed
+    longest = elapsed
     for task in plan.snippet_tasks:
         called = any(
             j["kind"] == "snippet" and j["status"] in ("ok", "failed") for j in turns[task.turn_index]["judgments"]
         )
         if called:
-            depth = max(depth, 1 + max((position.get(v, 0) for v in task.navigation_visits), default=0))
-    return depth
+            waits = max((done_at.get(v, 0.0) for v in task.navigation_visits), default=0.0)
+            longest = max(longest, snippet_cost + waits)
+    return longest
 
 
 def visit_prefill_tokens(question: str, turn: VisitTurn, rubric: Rubric, layout: PromptLayout, block_chars: int) -> int:
@@ -82,27 +102,15 @@ def rollout_critical_seconds(
     """The rollout's longest chain in seconds (:func:`rollout_critical_path` weighted):
     each visit on it one latency and, where the visit was asked of the judge, the prefill
     of its own part; a snippet call one latency after the last visit it waits for."""
-    plan = plan_rollout(group, rollout, group.params)
-    chain = plan.chains[0].turn_indices if plan.chains else ()
     rubric = group.positive_rubrics[0] if group.positive_rubrics else None
-    done_at: dict[int, float] = {}
-    elapsed = 0.0
-    for t in chain:
-        turn = rollout.turns[t]
-        assert isinstance(turn, VisitTurn)
+
+    def visit_s(t: int, turn: VisitTurn) -> float:
         own = 0
         if rubric is not None and _visit_called(turns[t]):
             own = visit_prefill_tokens(group.question, turn, rubric, layout, block_chars)
-        elapsed += latency_s + own * prefill_s
-        done_at[t] = elapsed
-    longest = elapsed
-    for task in plan.snippet_tasks:
-        called = any(
-            j["kind"] == "snippet" and j["status"] in ("ok", "failed") for j in turns[task.turn_index]["judgments"]
-        )
-        if called:
-            longest = max(longest, latency_s + max((done_at.get(v, 0.0) for v in task.navigation_visits), default=0.0))
-    return longest
+        return latency_s + own * prefill_s
+
+    return _longest_chain(group, rollout, turns, visit_s, latency_s)
 
 
 def critical_path_seconds(
@@ -115,27 +123,29 @@ def critical_path_seconds(
 ) -> float:
     """The step's longest chain in seconds, its visits' own prefill included
     (:func:`rollout_critical_seconds`; ``prefill_s``: seconds per uncached token)."""
-    longest = 0.0
+    return max(
+        (
+            rollout_critical_seconds(group, rollout, turns, latency_s, prefill_s, layout, block_chars)
+            for group, rollout, turns in _rollouts(groups, credits)
+        ),
+        default=0.0,
+    )
+
+
+def _rollouts(
+    groups: list[dict[str, Any]], credits: dict[str, Any]
+) -> Iterator[tuple[GroupIn, Any, list[dict[str, Any]]]]:
+    """Each rollout of the step with its group and its turns' credits breakdown."""
     for doc in groups:
         group = GroupIn.model_validate(doc)
         breakdown = {r["id"]: r for r in credits[doc["group_id"]]["rollouts"]}
         for rollout in group.rollouts:
-            turns = breakdown[rollout.id]["turns"]
-            longest = max(
-                longest, rollout_critical_seconds(group, rollout, turns, latency_s, prefill_s, layout, block_chars)
-            )
-    return longest
+            yield group, rollout, breakdown[rollout.id]["turns"]
 
 
 def critical_path_calls(groups: list[dict[str, Any]], credits: dict[str, Any]) -> int:
     """Longest chain of dependent judge calls in the step (see :func:`rollout_critical_path`)."""
-    longest = 0
-    for doc in groups:
-        group = GroupIn.model_validate(doc)
-        breakdown = {r["id"]: r for r in credits[doc["group_id"]]["rollouts"]}
-        for rollout in group.rollouts:
-            longest = max(longest, rollout_critical_path(group, rollout, breakdown[rollout.id]["turns"]))
-    return longest
+    return max((rollout_critical_path(*each) for each in _rollouts(groups, credits)), default=0)
 
 
 def naive_calls(groups: list[dict[str, Any]]) -> int:
