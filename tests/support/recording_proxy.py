@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from drcredit.judges.openai_wire import NoAnswer, StreamedBody
 from tests.support.live import LiveServer
 
 
@@ -83,7 +84,10 @@ def _app(proxy: RecordingProxy) -> Starlette:
         exchange.answered_at = time.monotonic()
         exchange.status = answer.status_code
         if answer.headers.get("content-type", "").startswith("text/event-stream"):
-            exchange.response = _assembled(answer.text)  # a streamed answer, read as one
+            try:
+                exchange.response = _assembled(answer.text)  # a streamed answer, read as one
+            except NoAnswer:  # an error event: kept as the server sent it
+                exchange.response = answer.text
         else:
             try:
                 exchange.response = answer.json()
@@ -95,25 +99,16 @@ def _app(proxy: RecordingProxy) -> Starlette:
 
 
 def _assembled(text: str) -> dict[str, Any]:
-    """A streamed chat completion's events as the body a plain answer has (its content,
-    finish reason, model, usage and llama.cpp's timings), for the tests to read."""
-    out: dict[str, Any] = {}
-    content: list[str] = []
-    finish = None
+    """A streamed chat completion's events as the body a plain answer has, read the way
+    the platform reads them (:class:`~drcredit.judges.openai_wire.StreamedBody`)."""
+    body = StreamedBody()
     for line in text.splitlines():
         data = line[5:].strip() if line.startswith("data:") else ""
-        if not data or data == "[DONE]":
-            continue
-        event = orjson.loads(data)
-        out.update({k: event[k] for k in ("model", "usage", "timings") if event.get(k)})
-        for choice in event.get("choices") or ():
-            content.append((choice.get("delta") or {}).get("content") or "")
-            finish = choice.get("finish_reason") or finish
-    out["choices"] = [
-        {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "".join(content)}}
-    ]
-    out["streamed"] = True
-    return out
+        if data == "[DONE]":
+            break
+        if data:
+            body.add(orjson.loads(data))
+    return {**body.body(), "streamed": True}
 
 
 @contextmanager

@@ -230,32 +230,44 @@ async def _streamed(
         await stream.close()
 
 
-async def assembled(response: httpx2.Response, first_event: Callable[[], None]) -> bytes:
-    """A streamed answer as the one chat-completions body it adds up to (its content,
-    finish reason, model, usage and llama.cpp's timings); ``first_event`` is called as its
-    first bytes come."""
-    content: list[str] = []
-    finish: str | None = None
-    out: dict[str, Any] = {}
-    async for event in sse_data(response, first_event):
+class StreamedBody:
+    """A streamed chat completion's events added up, as they come, to the body a plain
+    answer has (its content, finish reason, model, usage and llama.cpp's timings); an
+    error event is a server error at once."""
+
+    def __init__(self) -> None:
+        self._content: list[str] = []
+        self._finish: str | None = None
+        self._out: dict[str, Any] = {}
+
+    def add(self, event: Any) -> None:
         if not isinstance(event, dict):
-            continue
+            return
         if event.get("error"):
             error = event["error"]
             message = error.get("message") if isinstance(error, dict) else error
             raise NoAnswer("server_error", f"error in the streamed answer: {message}")
         for key in ("model", "usage", "timings"):
             if event.get(key):
-                out[key] = event[key]
+                self._out[key] = event[key]
         for choice in event.get("choices") or ():
             delta = choice.get("delta") or {}
             if isinstance(delta.get("content"), str):
-                content.append(delta["content"])
-            finish = choice.get("finish_reason") or finish
-    out["choices"] = [
-        {"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": "".join(content)}}
-    ]
-    return orjson.dumps(out)
+                self._content.append(delta["content"])
+            self._finish = choice.get("finish_reason") or self._finish
+
+    def body(self) -> dict[str, Any]:
+        message = {"role": "assistant", "content": "".join(self._content)}
+        return {**self._out, "choices": [{"index": 0, "finish_reason": self._finish, "message": message}]}
+
+
+async def assembled(response: httpx2.Response, first_event: Callable[[], None]) -> bytes:
+    """A streamed answer as the one body it adds up to (:class:`StreamedBody`);
+    ``first_event`` is called as its first bytes come."""
+    body = StreamedBody()
+    async for event in sse_data(response, first_event):
+        body.add(event)
+    return orjson.dumps(body.body())
 
 
 async def sse_data(response: httpx2.Response, first_event: Callable[[], None]) -> AsyncIterator[Any]:

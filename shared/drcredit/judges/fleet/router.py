@@ -241,7 +241,7 @@ class Fleet(Learning, Sharing):
     def first_event(self, lease: Lease, seconds: float) -> None:
         """The call's first streamed event came ``seconds`` after it was sent: the server
         has prefilled its prompt (:mod:`~drcredit.judges.fleet.prefill`)."""
-        if lease.prefilling and not lease.released:
+        if lease.prefilling:  # not yet told, and not released (that clears it)
             lease.prefilling = False
             e = lease.endpoint
             e.prefill.first_event(seconds, lease.follows, lease.sent_at, self._clock(), e.latency.ewma)
