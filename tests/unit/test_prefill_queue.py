@@ -213,3 +213,26 @@ def test_a_call_follows_when_its_prompt_head_went_to_the_endpoint_before() -> No
     assert not queue.sent("visit-1") and queue.sent("visit-1")
     assert not queue.sent("visit-2") and not queue.sent(None)
     assert queue.waiting == 4
+
+
+def test_a_call_waits_for_a_fast_replicas_prefill_queue_rather_than_take_a_slow_one() -> None:
+    async def run() -> tuple[list[str], bool, str]:
+        fleet = Fleet([EndpointConfig("http://fast/v1"), EndpointConfig("http://slow/v1")])
+        fast, slow = fleet.endpoints
+        for e, latency in ((fast, 1.0), (slow, 3.0)):
+            e.prefill.depth = 2.0
+            e.prefill.answered(first_s=0.1, total_s=1.0)
+            e.latency.track(latency)
+        first = [await fleet.acquire(), await fleet.acquire()]  # 1.0 and 1.0 x (1 + 1/64) against 3.0
+        third = asyncio.create_task(fleet.acquire())
+        await asyncio.sleep(0.01)
+        # The fast replica's prefill queue is full; the slow one would answer 3.0 / 1.03
+        # times later, past the 1.25 an equal replica may be: the call waits.
+        waited = not third.done()
+        fleet.first_event(first[0], 0.01)
+        lease = await asyncio.wait_for(third, 1.0)
+        await fleet.aclose()
+        return [x.endpoint.url for x in first], waited, lease.endpoint.url
+
+    first, waited, third = aio.run(run())
+    assert first == ["http://fast/v1"] * 2 and waited and third == "http://fast/v1"

@@ -40,7 +40,7 @@ from typing import Any
 
 from drcredit import metrics
 from drcredit.judges.fleet import limits
-from drcredit.judges.fleet.affinity import CALL_AFFINITY, Affinities, Pins, steer
+from drcredit.judges.fleet.affinity import CALL_AFFINITY, LOAD_BOUND, Affinities, Pins, steer
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.learning import Learning
 from drcredit.judges.fleet.rates import RateLimits
@@ -198,10 +198,21 @@ class Fleet(Learning, Sharing):
     def _choose(self, exclude: frozenset[str], ahead: int, key: str | None = None) -> Endpoint | None:
         """The endpoint with room a call should take now; None: it should wait. A call
         with an affinity ``key`` is steered to its prefix's replica within bounds
-        (:func:`~drcredit.judges.fleet.affinity.steer`)."""
+        (:func:`~drcredit.judges.fleet.affinity.steer`).
+
+        An endpoint whose prefill queue is full (:mod:`~drcredit.judges.fleet.prefill`)
+        frees a place there within moments, when one of its calls is prefilled. So when
+        it is the one that would answer soonest, another takes the call only if that
+        one would answer about as soon (within ``LOAD_BOUND``: an equal replica), and
+        otherwise the call waits for it. Skipped outright, a replica three times slower
+        took 13-18% of a step's calls, each of them a slow hop on its chain, and the step
+        read 1.56x its bound (BENCHMARKS.md, round 31)."""
         now = self._clock()
         best: Endpoint | None = None
         best_time = math.inf
+        # The soonest among those whose prefill queue has room.
+        open_best: Endpoint | None = None
+        open_time = math.inf
         fallback = self._typical_pace()
         scored: list[tuple[Endpoint, float]] = []
         for e in self.endpoints:
@@ -210,10 +221,12 @@ class Fleet(Learning, Sharing):
             expected = self._expected(e, ahead, fallback)
             ewma = e.latency.ewma
             scored.append((e, math.inf if ewma is None else ewma / e.config.weight))
-            if e.prefill.full():  # a call pinned there may wait for it; no other goes there now
-                continue
             if expected < best_time:
                 best, best_time = e, expected
+            if expected < open_time and not e.prefill.full():
+                open_best, open_time = e, expected
+        if best is not open_best:  # the soonest is full of calls waiting for their prefill
+            best = open_best if open_best is not None and open_time <= LOAD_BOUND * best_time else None
         # Calls that timed out in its queue still take places there until it is done with them.
         if best is None or best.in_flight + best.unread(now) >= best.share:
             return None
