@@ -223,7 +223,10 @@ class Fleet(Learning, Sharing):
             scored.append((e, math.inf if ewma is None else ewma / e.config.weight))
             if expected < best_time:
                 best, best_time = e, expected
-            if expected < open_time and not e.prefill.full():
+            # Asked of every candidate, as before: a full queue marks its depth as used,
+            # which the depth's growth reads (prefill.PrefillQueue.full).
+            room = not e.prefill.full()
+            if room and expected < open_time:
                 open_best, open_time = e, expected
         if best is not open_best:  # the soonest is full of calls waiting for their prefill
             best = open_best if open_best is not None and open_time <= LOAD_BOUND * best_time else None
