@@ -9,7 +9,7 @@ can be re-scored under other parameters without calling the judge again.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -135,6 +135,21 @@ def plan_rollout(group: GroupContent, rollout: Rollout, params: ScoringParams) -
             if eligible:
                 tasks.append(SnippetTask(rollout.id, t, tuple(eligible), tuple(links.get(t, ()))))
     return RolloutPlan(chains, tuple(tasks), tuple(zero_visits))
+
+
+def calls_on_path(chain_turns: Sequence[int], done: Container[int], gated: Iterable[Sequence[int]]) -> int:
+    """The calls on the longest path of dependent calls that still runs through a visit
+    chain: its own calls left, or, where a snippet call waits on some of its visits
+    (``gated``: each waiting snippet call's navigation visits), the chain's calls up to the
+    last of those and the snippet call after them. A chain that ends on a snippet's visit
+    is one call longer than its own calls; the scheduler serves longer paths first."""
+    left = [u for u in chain_turns if u not in done]
+    longest = len(left)
+    for visits in gated:
+        waited_on = [k for k, u in enumerate(left) if u in visits]
+        if waited_on:
+            longest = max(longest, waited_on[-1] + 2)
+    return longest
 
 
 SnippetDecision = Literal["call", "skip", "wait"]

@@ -134,7 +134,8 @@ class PrioritySlots:
     When more chains are ready than the judge takes at once, a plain (FIFO) semaphore
     sends a chain that has just been answered to the back of the queue for its next
     call, so a step's longest chains, which decide its wall time, wait once per call.
-    Priority is the caller's remaining work (a chain's calls still to make): the longest
+    Priority is the caller's remaining work (a chain's calls still to make, and a snippet
+    call waiting on its visits: ``calls_on_path``): the longest
     remaining path goes first, the rule that keeps a schedule near its critical path.
     Equal priorities are served in arrival order, except that when a call is handed a
     slot, the waiting calls that go ``together`` with it (the other rubrics' calls for

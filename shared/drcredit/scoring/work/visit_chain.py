@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from drcredit import metrics
+from drcredit.domain.credit import calls_on_path
 from drcredit.domain.group import GroupContent, Rubric, VisitTurn
 from drcredit.domain.params import ScoringParams
 from drcredit.domain.verdicts import VisitVerdict
@@ -70,8 +71,15 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
     # The first call waits its turn behind longer chains (see StartOrder), and goes with
     # the rollout's other rubric chains whose next call is for the same visit.
     first = next((u for u in chain.turn_indices if u not in done), None)
+    # The snippet calls that will wait on this chain's visits: a chain that ends on one of
+    # them has that call still to come after its own.
+    gated = (
+        [task.navigation_visits for task in plan.snippet_tasks]
+        if params.skip_saturated_snippets and ctx.snippets.may_wait(group_pk, rollout.id)
+        else []
+    )
     await ctx.engine.start_order.wait(
-        sum(1 for u in chain.turn_indices if u not in done), together=(group_pk, rollout.id, first)
+        calls_on_path(chain.turn_indices, done, gated), together=(group_pk, rollout.id, first)
     )
     while True:
         t = next((u for u in chain.turn_indices if u not in done), None)
@@ -90,8 +98,8 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
             if not pending_finishes:
                 await ctx.writer.put(Write(finish=(unit.unit_id, group_pk)))
             return "done"
-        # Calls this chain still has to make, this one included: its claim on a slot.
-        remaining = sum(1 for u in chain.turn_indices if u >= t and u not in done)
+        # Calls on the longest path through this chain, this one included: its claim on a slot.
+        remaining = calls_on_path(chain.turn_indices, done, gated)
         turn = rollout.turns[t]
         assert isinstance(turn, VisitTurn)
         request = VisitJudgeRequest(
