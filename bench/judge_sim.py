@@ -377,7 +377,12 @@ def app(sim: Simulator, keepalive: bool = True) -> Any:
             status, payload = (
                 200,
                 orjson.dumps(
-                    {**sim.stats, **(sim.prefix.stats if sim.prefix else {}), **(sim.queue.stats if sim.queue else {})}
+                    {
+                        **sim.stats,
+                        **(sim.prefix.stats if sim.prefix else {}),
+                        **({"lane_intervals": sim.prefix.intervals} if sim.prefix else {}),
+                        **(sim.queue.stats if sim.queue else {}),
+                    }
                 ),
             )
         elif path == "/garbage" and method == "POST":

@@ -49,6 +49,8 @@ class PrefixCache:
         self._lane = asyncio.Lock()
         #: When the lane's last prefill ends, on the event loop's clock.
         self._free_at = 0.0
+        #: Each prefill's (start, end), wall-clock seconds, since the reset.
+        self.intervals: list[tuple[float, float]] = []
         self.stats: dict[str, float] = {
             "cached_prompt_tokens": 0,
             "prefilled_tokens": 0,
@@ -130,11 +132,13 @@ class PrefixCache:
         stats["lane_wait_s"] += waited
         stats["lane_max_wait_s"] = max(stats["lane_max_wait_s"], waited)
         stats["lane_prefills"] += 1
+        self.intervals.append((wall + start, wall + end))
 
     def reset(self) -> None:
         """Zero the counters (the cache itself stays warm, as a server's does between steps)."""
         for key in self.stats:
             self.stats[key] = 0
+        self.intervals = []
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,7 @@ posts a step of fresh content (its own seed: nothing in it was asked before) and
 - the cached share of the prompt tokens the replicas served, and the tokens each
   trajectory made them prefill;
 - each replica's prefill lane: when it began and ended, how long it stood idle between,
-  and how long a prefill waited for it (``lanes``);
+  and how long a prefill waited for it, and its busy share in each second (``lanes``);
 - the step's wall time against its bound: the longer of its critical path (the longest
   chain of dependent calls, each a judge latency and, for a visit, the prefill of its
   own part of the prompt, which no earlier call can have cached: ``bench.paths``) and
@@ -32,6 +32,7 @@ import argparse
 import json
 import statistics
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,10 +147,11 @@ def measure(
         "prefilled_tokens_per_trajectory": round(prefilled / trajectories),
         "cached_share": round(cached / prompt, 4) if prompt else None,
         "lanes": lanes,
+        "slowest_group": run["slowest_group"],
     }
 
 
-def lane_timeline(served: dict[str, Any], posted_at: float) -> dict[str, float] | None:
+def lane_timeline(served: dict[str, Any], posted_at: float) -> dict[str, Any] | None:
     """A replica's prefill lane over the step, in seconds after the POST: when its first
     prefill began and its last ended, the time it stood idle between them, and what a
     prefill waited for the lane on average and at most. A step that ends well after its
@@ -164,7 +166,23 @@ def lane_timeline(served: dict[str, Any], posted_at: float) -> dict[str, float] 
         "idle_s": round(ended - started - float(served["lane_busy_s"]), 2),
         "mean_wait_s": round(float(served["lane_wait_s"]) / prefills, 3),
         "max_wait_s": round(float(served["lane_max_wait_s"]), 2),
+        "busy_per_s": busy_per_second(served.get("lane_intervals", []), posted_at),
     }
+
+
+def busy_per_second(intervals: Sequence[Sequence[float]], posted_at: float) -> list[float]:
+    """The share of each second after the POST that the lane spent prefilling: where in
+    the step it stood idle (its start, a gap while answers came in, its end)."""
+    busy: list[float] = []
+    for start, end in intervals:
+        a, b = start - posted_at, end - posted_at
+        while a < b:
+            second = max(0, int(a))
+            upto = min(b, second + 1.0)
+            busy.extend([0.0] * (second + 1 - len(busy)))
+            busy[second] += upto - max(a, 0.0)
+            a = upto
+    return [round(x, 2) for x in busy]
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -92,8 +92,8 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
         (group_id,),
     ).fetchone() or (None, None)
     rows = conn.execute(
-        "SELECT j.kind, j.rollout_id, j.rubric_id, j.turn_index, extract(epoch FROM j.created_at), j.latency_s"
-        " FROM judgments AS j JOIN groups AS g ON g.id = j.group_pk"
+        "SELECT j.kind, j.rollout_id, j.rubric_id, j.turn_index, extract(epoch FROM j.created_at), j.latency_s,"
+        " j.attempts FROM judgments AS j JOIN groups AS g ON g.id = j.group_pk"
         " WHERE g.group_id = %s AND j.status IN ('ok', 'failed') AND NOT j.cache_hit"
         " ORDER BY j.rollout_id, j.rubric_id, j.turn_index",
         (group_id,),
@@ -101,12 +101,20 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
     chains: dict[tuple[str, str], list[tuple[float, float]]] = {}
     snippets: list[tuple[float, float]] = []
     outcomes: list[tuple[float, float]] = []  # rubric and citation calls
-    for kind, rollout_id, rubric_id, _, stored, latency in rows:
+    #: Each judgment's wait on this side for a judge place (its attempts' ``waited_s``).
+    waited: dict[tuple[float, float], float] = {}
+    visits_stored: dict[str, float] = {}  # per rollout: when its last visit judgment was stored
+    snippet_rollout: dict[tuple[float, float], str] = {}
+    for kind, rollout_id, rubric_id, _, stored, latency, attempts in rows:
         entry = (float(stored) - posted_at, float(latency))
+        waited[entry] = sum(float(a.get("waited_s") or 0.0) for a in attempts or [])
         if kind == "visit":
             chains.setdefault((rollout_id, rubric_id), []).append(entry)
+            visits_stored[rollout_id] = max(visits_stored.get(rollout_id, 0.0), entry[0])
         else:
             (snippets if kind == "snippet" else outcomes).append(entry)
+            if kind == "snippet":
+                snippet_rollout[entry] = rollout_id
     longest = max(chains.values(), key=lambda c: c[-1][0]) if chains else []
     waits = [longest[i][0] - longest[i][1] - longest[i - 1][0] for i in range(1, len(longest))]
     last_stored = max((e[0] for c in chains.values() for e in c), default=0.0)
@@ -120,8 +128,16 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
             "first_call_s": longest[0][0] - longest[0][1] if longest else None,
             "waits_between_calls_s": round(sum(waits), 3),
             "max_wait_s": round(max(waits, default=0.0), 3),
+            # each call: when it started, its time, and of that its wait here for a judge place
+            "each_call": [
+                [round(end - took, 2), round(took, 3), round(waited[(end, took)], 3)] for end, took in longest
+            ],
         },
         "last_snippet_call": max(((e[0] - e[1], e[0]) for e in snippets), default=None),
+        # a snippet call that waits on its rollout's visits starts after the last of them is stored
+        "last_snippet_rollout_visits_stored_s": (
+            visits_stored.get(snippet_rollout[max(snippets)]) if snippets else None
+        ),
         "last_outcome_call": max(((e[0] - e[1], e[0]) for e in outcomes), default=None),
         "last_judgment_stored_s": last_stored,
         "aggregated_s": float(finished) - posted_at if finished is not None else None,

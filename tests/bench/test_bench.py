@@ -392,10 +392,24 @@ def test_the_prefill_lane_reports_its_timeline() -> None:
     assert abs(stats["lane_busy_s"] - 11 * 0.002) < 1e-9
     assert abs(stats["lane_wait_s"] - 0.090) < 0.005  # the ten arrive within a few ms of each other
     assert abs(stats["lane_max_wait_s"] - 0.018) < 0.005
-    lane = lane_timeline({k: v for k, v in stats.items()}, posted)
+    lane = lane_timeline({**stats, "lane_intervals": cache.intervals}, posted)
     assert lane is not None
     assert pause_s <= lane["idle_s"] < pause_s + 0.05
     assert 0 <= lane["first_s"] < lane["last_s"]
     assert abs(lane["mean_wait_s"] - 0.090 / 11) < 0.001
+    assert sum(lane["busy_per_s"]) == pytest.approx(11 * 0.002, abs=0.011)  # rounded to 0.01 a second
     cache.reset()
+    assert cache.intervals == []
     assert lane_timeline(dict(cache.stats), posted) is None  # nothing prefilled since the reset
+
+
+def test_the_lanes_busy_share_is_counted_per_second_after_the_post() -> None:
+    """A prefill from 0.5 s to 1.25 s and one from 2.0 s to 2.5 s after the POST: half of
+    the first second, a quarter of the second, half of the third."""
+    from bench.prefix_reuse import busy_per_second
+
+    posted = 1000.0
+    assert busy_per_second([[1000.5, 1001.25], [1002.0, 1002.5]], posted) == [0.5, 0.25, 0.5]
+    # one prefill across three seconds, and a second starting before the POST counts from it
+    assert busy_per_second([[999.5, 1000.25], [1000.75, 1003.0]], posted) == [0.5, 1.0, 1.0]
+    assert busy_per_second([], posted) == []
