@@ -47,6 +47,8 @@ class Chain:
 
     pages: tuple[int, ...]
     rubrics: int
+    #: The worker process that runs it (its group's delivery).
+    process: int = 0
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Lanes:
     prefill_s_per_token: float
     tail_tokens: int
     latency_s: float
+    processes: int = 1
     _events: list[tuple[float, int, str, tuple[int, ...]]] = field(default_factory=list)
     _order: itertools.count[int] = field(default_factory=itertools.count)
 
@@ -69,12 +72,13 @@ class Lanes:
         #: prefill the platform expects queued there, and the prefill it did.
         self.queue: list[list[tuple[int, int, int, int, int, float]]] = [[] for _ in range(n)]
         self.busy, self.flight = [False] * n, [0] * n
-        #: Per replica: the calls sent and not yet prefilled, and their expected prefill.
-        self.waiting = [0] * n
-        self.waiting_s = [0.0] * n
+        #: Per process and replica: the calls sent and not yet prefilled, and their
+        #: expected prefill (each process holds its own calls to the cap).
+        self.waiting = [[0] * n for _ in range(self.processes)]
+        self.waiting_s = [[0.0] * n for _ in range(self.processes)]
         self.queued_s, self.work_s = [0.0] * n, [0.0] * n
-        #: Calls the platform holds back (a cap), most calls left first.
-        self.held: list[tuple[int, int, int, int, int]] = []
+        #: Calls each process holds back (a cap), most calls left first.
+        self.held: list[list[tuple[int, int, int, int, int]]] = [[] for _ in range(self.processes)]
         #: Each visit's replica, and the (replica, chain, visit) pages prefilled.
         self.pinned: dict[tuple[int, int], int] = {}
         self.prefilled: set[tuple[int, int, int]] = set()
@@ -91,8 +95,8 @@ class Lanes:
                 self._ready(now, *what)
             elif kind == "lane":
                 self.busy[what[0]] = False
-                self.waiting[what[0]] -= 1
-                self.waiting_s[what[0]] -= what[1] / 1e6
+                self.waiting[what[2]][what[0]] -= 1
+                self.waiting_s[what[2]][what[0]] -= what[1] / 1e6
                 self._serve(now, what[0])
                 self._release(now)
             else:
@@ -109,14 +113,14 @@ class Lanes:
     def _at(self, when: float, kind: str, what: tuple[int, ...]) -> None:
         heapq.heappush(self._events, (when, next(self._order), kind, what))
 
-    def _load(self) -> list[float]:
-        """What the cap counts per replica: calls in flight (``cap``), calls waiting for
-        their prefill (``prefill``), or milliseconds of expected prefill waiting
-        (``prefill-ms``)."""
+    def _load(self, process: int) -> list[float]:
+        """What the cap counts per replica: calls in flight (``cap``), or the process's
+        calls waiting for their prefill (``prefill``), or milliseconds of their expected
+        prefill (``prefill-ms``)."""
         if self.policy == "prefill":
-            return [float(x) for x in self.waiting]
+            return [float(x) for x in self.waiting[process]]
         if self.policy == "prefill-ms":
-            return [x * 1000 for x in self.waiting_s]
+            return [x * 1000 for x in self.waiting_s[process]]
         return [float(x) for x in self.flight]
 
     def _calls_left(self, c: int, k: int) -> int:
@@ -127,19 +131,25 @@ class Lanes:
         return (pages + self.tail_tokens) * self.prefill_s_per_token
 
     def _ready(self, now: float, c: int, k: int, r: int) -> None:
-        heapq.heappush(self.held, (-self._calls_left(c, k), next(self._order), c, k, r))
+        process = self.chains[c].process
+        heapq.heappush(self.held[process], (-self._calls_left(c, k), next(self._order), c, k, r))
         self._release(now)
 
     def _release(self, now: float) -> None:
-        """Send the held calls the cap lets through, most calls left first."""
+        for process in range(self.processes):
+            self._release_of(now, process)
+
+    def _release_of(self, now: float, process: int) -> None:
+        """Send the process's held calls the cap lets through, most calls left first."""
         kept = []
-        while self.held and (self.cap is None or min(self._load()) < self.cap):
-            call = heapq.heappop(self.held)
+        held = self.held[process]
+        while held and (self.cap is None or min(self._load(process)) < self.cap):
+            call = heapq.heappop(held)
             _, _, c, k, _ = call
             replica = self.pinned.get((c, k))
             if replica is None:
                 replica = min(range(self.replicas), key=lambda x: (self.queued_s[x], self.flight[x]))
-            if self.cap is not None and self._load()[replica] >= self.cap:
+            if self.cap is not None and self._load(process)[replica] >= self.cap:
                 kept.append(call)
                 continue
             # What the platform expects it to cost: the pages only if no call of the
@@ -147,14 +157,14 @@ class Lanes:
             expected = self._cost(c, k, with_pages=(c, k) not in self.pinned)
             self.pinned[(c, k)] = replica
             self.flight[replica] += 1
-            self.waiting[replica] += 1
-            self.waiting_s[replica] += expected
+            self.waiting[process][replica] += 1
+            self.waiting_s[process][replica] += expected
             self.queued_s[replica] += expected
             rank = call[0] if self.policy == "priority" else 0
             heapq.heappush(self.queue[replica], (rank, next(self._order), *call[2:], expected))
             self._serve(now, replica)
         for call in kept:
-            heapq.heappush(self.held, call)
+            heapq.heappush(held, call)
 
     def _serve(self, now: float, replica: int) -> None:
         if self.busy[replica] or not self.queue[replica]:
@@ -165,14 +175,15 @@ class Lanes:
         self.queued_s[replica] -= expected
         self.work_s[replica] += cost
         self.busy[replica] = True
-        self._at(now + cost, "lane", (replica, round(expected * 1e6)))
+        self._at(now + cost, "lane", (replica, round(expected * 1e6), self.chains[c].process))
         self._at(now + cost + self.latency_s, "answer", (replica, c, k, r))
 
 
-def chains_of(groups: list[dict[str, Any]]) -> list[Chain]:
-    """Each rollout's judged visits (their usable pages' tokens) and positive rubrics."""
+def chains_of(groups: list[dict[str, Any]], processes: int = 1) -> list[Chain]:
+    """Each rollout's judged visits (their usable pages' tokens) and positive rubrics,
+    each group's on one of ``processes`` worker processes in turn."""
     out = []
-    for doc in groups:
+    for g, doc in enumerate(groups):
         group = GroupIn.model_validate(doc)
         for rollout in group.rollouts:
             plan = plan_rollout(group, rollout, group.params)
@@ -182,7 +193,7 @@ def chains_of(groups: list[dict[str, Any]]) -> list[Chain]:
                 turn = rollout.turns[t]
                 assert isinstance(turn, VisitTurn)
                 pages.append(sum(len(p.evidence or "") for p in turn.usable_pages) // CHARS_PER_TOKEN)
-            out.append(Chain(tuple(pages), len(group.positive_rubrics)))
+            out.append(Chain(tuple(pages), len(group.positive_rubrics), g % processes))
     return out
 
 
@@ -199,13 +210,14 @@ def main() -> None:
     parser.add_argument("--caps", default="64,130,200", help="the cap policies to model")
     parser.add_argument("--prefill-caps", default="", help="calls waiting for their prefill, per replica")
     parser.add_argument("--prefill-ms", default="", help="milliseconds of expected prefill waiting, per replica")
+    parser.add_argument("--processes", type=int, default=1, help="worker processes, each with its own queue and cap")
     args = parser.parse_args()
     policies: list[tuple[str, int | None]] = [("fcfs", None), ("priority", None)]
     policies += [("cap", int(x)) for x in args.caps.split(",") if x.strip()]
     policies += [("prefill", int(x)) for x in args.prefill_caps.split(",") if x.strip()]
     policies += [("prefill-ms", int(x)) for x in args.prefill_ms.split(",") if x.strip()]
     for seed in [int(x) for x in args.seeds.split(",")]:
-        chains = chains_of(make_step(args.groups, args.rollouts, seed, args.page_tokens))
+        chains = chains_of(make_step(args.groups, args.rollouts, seed, args.page_tokens), args.processes)
         for policy, cap in policies:
             lanes = Lanes(
                 chains,
@@ -215,6 +227,7 @@ def main() -> None:
                 args.prefill_us_per_token / 1e6,
                 args.tail_tokens,
                 args.latency,
+                args.processes,
             )
             wall, bound = lanes.run()
             name = policy if cap is None else f"{policy} {cap}"
