@@ -123,6 +123,10 @@ class Lanes:
             return [x * 1000 for x in self.waiting_s[process]]
         return [float(x) for x in self.flight]
 
+    def _process(self, c: int) -> int:
+        """The worker process that runs chain ``c`` (one process: all of them)."""
+        return self.chains[c].process % self.processes
+
     def _calls_left(self, c: int, k: int) -> int:
         return len(self.chains[c].pages) - k
 
@@ -131,7 +135,7 @@ class Lanes:
         return (pages + self.tail_tokens) * self.prefill_s_per_token
 
     def _ready(self, now: float, c: int, k: int, r: int) -> None:
-        process = self.chains[c].process
+        process = self._process(c)
         heapq.heappush(self.held[process], (-self._calls_left(c, k), next(self._order), c, k, r))
         self._release(now)
 
@@ -175,7 +179,7 @@ class Lanes:
         self.queued_s[replica] -= expected
         self.work_s[replica] += cost
         self.busy[replica] = True
-        self._at(now + cost, "lane", (replica, round(expected * 1e6), self.chains[c].process))
+        self._at(now + cost, "lane", (replica, round(expected * 1e6), self._process(c)))
         self._at(now + cost + self.latency_s, "answer", (replica, c, k, r))
 
 

@@ -56,3 +56,24 @@ def test_holding_the_calls_waiting_for_their_prefill_serves_the_long_chain_first
     # calls in their latency never counted: the priority lane's 3.4, not the cap's 7.0.
     wall, bound = step("prefill", [Y, Z, W], cap=1)
     assert (wall, bound) == (pytest.approx(3.4), pytest.approx(3.0))
+
+
+def test_each_process_holds_only_its_own_calls_so_anothers_call_can_queue_ahead() -> None:
+    """Y and X (one visit of 100 tokens) on process 0, W on process 1; one call of each
+    process waiting for its prefill at a time, one replica.
+
+    One process: Y0 [0, 0.1]; X0 (held before W0) [0.1, 1.1]; Y1, ready at 1.1, goes
+    before W0: [1.1, 1.2]; W0 [1.2, 1.8]; Y2 [2.2, 2.3], answered at 3.3.
+    Two processes: process 1 sends W0 at 0, queued behind Y0: W0 [0.1, 0.7], X0 [0.7, 1.7];
+    Y1, ready at 1.1, waits for process 0's X0: [1.7, 1.8]; Y2 [2.8, 2.9], answered at 3.9."""
+    x, w = Chain((100,), 1), Chain((60,), 1, process=1)
+
+    def split(processes: int) -> tuple[float, float]:
+        chains = [Y, x, w]
+        lanes = Lanes(
+            chains, 1, "prefill", 1, prefill_s_per_token=0.01, tail_tokens=0, latency_s=1.0, processes=processes
+        )
+        return lanes.run()
+
+    assert split(1) == (pytest.approx(3.3), pytest.approx(3.0))  # W (process 1) runs with the others
+    assert split(2) == (pytest.approx(3.9), pytest.approx(3.0))
