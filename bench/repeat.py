@@ -98,27 +98,28 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
         " ORDER BY j.rollout_id, j.rubric_id, j.turn_index",
         (group_id,),
     ).fetchall()
-    chains: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    snippets: list[tuple[float, float]] = []
+    # visit calls: (stored, latency, its wait on this side for a judge place: the attempts' ``waited_s``)
+    chains: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    snippets: list[tuple[float, float, str]] = []  # (stored, latency, rollout)
     outcomes: list[tuple[float, float]] = []  # rubric and citation calls
-    #: Each judgment's wait on this side for a judge place (its attempts' ``waited_s``).
-    waited: dict[tuple[float, float], float] = {}
-    visits_stored: dict[str, float] = {}  # per rollout: when its last visit judgment was stored
-    snippet_rollout: dict[tuple[float, float], str] = {}
     for kind, rollout_id, rubric_id, _, stored, latency, attempts in rows:
-        entry = (float(stored) - posted_at, float(latency))
-        waited[entry] = sum(float(a.get("waited_s") or 0.0) for a in attempts or [])
+        at, took = float(stored) - posted_at, float(latency)
         if kind == "visit":
-            chains.setdefault((rollout_id, rubric_id), []).append(entry)
-            visits_stored[rollout_id] = max(visits_stored.get(rollout_id, 0.0), entry[0])
+            waited = sum(float(a.get("waited_s") or 0.0) for a in attempts or [])
+            chains.setdefault((rollout_id, rubric_id), []).append((at, took, waited))
+        elif kind == "snippet":
+            snippets.append((at, took, rollout_id))
         else:
-            (snippets if kind == "snippet" else outcomes).append(entry)
-            if kind == "snippet":
-                snippet_rollout[entry] = rollout_id
+            outcomes.append((at, took))
     longest = max(chains.values(), key=lambda c: c[-1][0]) if chains else []
     waits = [longest[i][0] - longest[i][1] - longest[i - 1][0] for i in range(1, len(longest))]
     last_stored = max((e[0] for c in chains.values() for e in c), default=0.0)
-    last_stored = max([last_stored, *(e[0] for e in snippets + outcomes)])
+    last_stored = max([last_stored, *(e[0] for e in snippets), *(e[0] for e in outcomes)])
+    last_snippet = max(snippets, default=None)
+    # when the visit judgments of the last snippet call's rollout were stored
+    last_snippet_waits_on = [
+        e[0] for (rollout_id, _), c in chains.items() if last_snippet and rollout_id == last_snippet[2] for e in c
+    ]
     return {
         "group_id": group_id,
         "stored_s": float(created) - posted_at if created is not None else None,
@@ -129,15 +130,11 @@ def group_anatomy(conn: psycopg.Connection[Any], group_id: str, posted_at: float
             "waits_between_calls_s": round(sum(waits), 3),
             "max_wait_s": round(max(waits, default=0.0), 3),
             # each call: when it started, its time, and of that its wait here for a judge place
-            "each_call": [
-                [round(end - took, 2), round(took, 3), round(waited[(end, took)], 3)] for end, took in longest
-            ],
+            "each_call": [[round(end - took, 2), round(took, 3), round(waited, 3)] for end, took, waited in longest],
         },
         "last_snippet_call": max(((e[0] - e[1], e[0]) for e in snippets), default=None),
         # a snippet call that waits on its rollout's visits starts after the last of them is stored
-        "last_snippet_rollout_visits_stored_s": (
-            visits_stored.get(snippet_rollout[max(snippets)]) if snippets else None
-        ),
+        "last_snippet_rollout_visits_stored_s": max(last_snippet_waits_on, default=None),
         "last_outcome_call": max(((e[0] - e[1], e[0]) for e in outcomes), default=None),
         "last_judgment_stored_s": last_stored,
         "aggregated_s": float(finished) - posted_at if finished is not None else None,

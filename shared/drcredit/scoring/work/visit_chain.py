@@ -53,11 +53,10 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
     rubric = _rubric(content, unit.rubric_id)
     plan = ctx.rollouts.plan(group_pk, content, rollout, params)
     chain = next(c for c in plan.chains if c.rubric_id == rubric.id)
-    # Visits whose credit decides a waiting snippet call: after judging one of them
-    # the snippet calls of the rollout are reconsidered.
-    deciders = (
-        {v for task in plan.snippet_tasks for v in task.navigation_visits} if params.skip_saturated_snippets else set()
-    )
+    # Each snippet call's navigation visits, when such a call waits on them: after judging
+    # one of these deciders the snippet calls of the rollout are reconsidered.
+    navigation = [task.navigation_visits for task in plan.snippet_tasks] if params.skip_saturated_snippets else []
+    deciders = {v for visits in navigation for v in visits}
     done, history = set(unit.done), list(unit.history)
     slots = ctx.engine.judge_slots
 
@@ -73,11 +72,7 @@ async def _run(ctx: UnitContext, unit: Claimed, owner: str) -> UnitOutcome:
     first = next((u for u in chain.turn_indices if u not in done), None)
     # The snippet calls that will wait on this chain's visits: a chain that ends on one of
     # them has that call still to come after its own.
-    gated = (
-        [task.navigation_visits for task in plan.snippet_tasks]
-        if params.skip_saturated_snippets and ctx.snippets.may_wait(group_pk, rollout.id)
-        else []
-    )
+    gated = navigation if ctx.snippets.may_wait(group_pk, rollout.id) else []
     await ctx.engine.start_order.wait(
         calls_on_path(chain.turn_indices, done, gated), together=(group_pk, rollout.id, first)
     )
