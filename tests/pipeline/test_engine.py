@@ -16,10 +16,11 @@ from drcredit.judges.attempts import Attempt
 from drcredit.judges.base import JudgeResult
 from drcredit.judges.breaker import CircuitBreaker
 from drcredit.recent import Recent
-from drcredit.scoring import priority as start_order_module
+from drcredit.scoring import start_order as start_order_module
 from drcredit.scoring.dispatch import UnitRef, unit_batches
 from drcredit.scoring.engine import BatchWriter, Engine
-from drcredit.scoring.priority import HOLD_MARGIN, MAX_HOLD_S, PrioritySlots, StartOrder
+from drcredit.scoring.priority import PrioritySlots
+from drcredit.scoring.start_order import HOLD_MARGIN, MAX_HOLD_S, StartOrder
 from drcredit.scoring.work.judging import JudgeCalls
 from drcredit.scoring.work.outages import JudgeOutages
 from drcredit.storage import models as m

@@ -1,4 +1,4 @@
-"""A visit's rubric calls go out together (scoring/priority.py, "together"): a real judge
+"""A visit's rubric calls go out together (scoring/start_order.py and scoring/priority.py, "together"): a real judge
 server records when each call arrives, and the credit is what it is in any order."""
 
 from __future__ import annotations

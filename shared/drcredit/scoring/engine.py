@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 from drcredit.process import IdleCollector, new_event_loop
-from drcredit.scoring.priority import PrioritySlots, StartOrder
+from drcredit.scoring.priority import PrioritySlots
+from drcredit.scoring.start_order import StartOrder
 
 log = logging.getLogger("drcredit.engine")
 
