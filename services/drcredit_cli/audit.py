@@ -13,7 +13,7 @@ import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
@@ -31,10 +31,9 @@ from drcredit.client import (
 )
 from drcredit.client.errors import DrCreditError
 from drcredit_cli.audit_table import headline, print_audit, print_audits
-from drcredit_cli.consoles import err, out
+from drcredit_cli.consoles import err, fail, out
 from drcredit_cli.flags import Command, Group
 
-EXIT_INPUT = 2
 EXIT_AUDIT_FAILED = 3
 EXIT_NOT_DONE = 4
 EXIT_SERVICE = 5
@@ -62,11 +61,6 @@ ApiKey = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the service's JSON document instead of tables.")]
 DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=code)
 
 
 @contextmanager

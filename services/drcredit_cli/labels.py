@@ -19,8 +19,8 @@ import typer
 
 from drcredit.client import DrCreditClient, InvalidRequest
 from drcredit_cli import consoles
-from drcredit_cli.audit import DEFAULT_URL, ApiKey, Url, fail, service
-from drcredit_cli.consoles import err
+from drcredit_cli.audit import DEFAULT_URL, ApiKey, Url, service
+from drcredit_cli.consoles import err, fail
 from drcredit_cli.flags import Command, Group
 
 labels_app = typer.Typer(

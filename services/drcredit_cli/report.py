@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import httpx
 import typer
@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from drcredit.scoring.errors import NotFound, NotReady
 from drcredit.settings import Settings
-from drcredit_cli.consoles import err
+from drcredit_cli.consoles import err, fail
 
 if TYPE_CHECKING:
     from drcredit_api.ui.report import Fetch
@@ -34,7 +34,7 @@ def report(
     from drcredit_api.ui.report import database_fetch, remote_fetch
 
     if kind not in ("group", "run"):
-        _fail(f"KIND must be group or run, got {kind!r}")
+        fail(f"KIND must be group or run, got {kind!r}")
     try:
         if url:
             key = os.environ.get("DRCREDIT_API_KEY")
@@ -54,14 +54,14 @@ def report(
             finally:
                 db.dispose()
     except (LookupError, NotFound, NotReady, ValidationError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except (OperationalError, ProgrammingError) as exc:
         first = str(exc).splitlines()[0]
         if "no such table" in first or "UndefinedTable" in first:
-            _fail(f"the database {_shown(Settings().resolved_database_url)} has no DrCredit tables: {WHERE_FROM}", 3)
-        _fail(f"cannot read the {kind}: {first}", 3)
+            fail(f"the database {_shown(Settings().resolved_database_url)} has no DrCredit tables: {WHERE_FROM}", 3)
+        fail(f"cannot read the {kind}: {first}", 3)
     except httpx.HTTPError as exc:
-        _fail(f"cannot read the {kind}: {str(exc).splitlines()[0]}", 3)
+        fail(f"cannot read the {kind}: {str(exc).splitlines()[0]}", 3)
     output.write_text(html)
     err.print(f"wrote {output} ({len(html) // 1024} KiB)")
 
@@ -80,7 +80,7 @@ def _check_database(database_url: str) -> None:
     """Refuse a SQLite file that is not there, rather than create an empty one and fail on it."""
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
-        _fail(f"no database at {url.database}: {WHERE_FROM}", 3)
+        fail(f"no database at {url.database}: {WHERE_FROM}", 3)
 
 
 def _html(kind: str, name: str, fetch: Fetch) -> str:
@@ -90,10 +90,5 @@ def _html(kind: str, name: str, fetch: Fetch) -> str:
     if kind == "run":
         problem = missing_run(name, fetch)
         if problem is not None:
-            _fail(problem)
+            fail(problem)
     return report_html(kind, name, fetch)
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=code)
