@@ -1,15 +1,10 @@
-"""Database tables. SQLite (embedded) and Postgres (deployment) share one schema.
-
-Judgments are unique per (group, kind, rollout, turn, rubric) so that a redelivered task
-can never store a second answer for the same question; every attempt of a judgment is
-kept in its row, and a rubric's support history is read from its visit judgments
-(drcredit.storage.histories). Credits and advantages live on the turn rows they describe.
-"""
+"""The scoring tables: batches, groups, their rollouts and turns, the judgments, the
+work units that make them, and the claims that keep a request from being stored twice."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any, ClassVar
+from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -19,37 +14,14 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
     Text,
     UniqueConstraint,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from drcredit.storage.types import UTCDateTime
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-NAMING = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map: ClassVar[dict[Any, Any]] = {
-        dict[str, Any]: JSON,
-        list[Any]: JSON,
-        datetime: UTCDateTime(),
-    }
+from drcredit.storage.models.base import Base, utcnow
 
 
 class Batch(Base):
@@ -297,169 +269,3 @@ class RequestClaim(Base):
     request_key: Mapped[str] = mapped_column(String(64))
     owner: Mapped[str] = mapped_column(String(128))
     claimed_at: Mapped[datetime] = mapped_column()
-
-
-class JudgeAnswer(Base):
-    """A valid judge answer kept so that the tenant's identical requests are answered
-    from it instead of the judge (drcredit.scoring.work.reuse). ``digest`` is the request's
-    (drcredit.judges.requests.Prompt.digest: model, messages, format, sampling)."""
-
-    __tablename__ = "judge_answers"
-    __table_args__ = (
-        UniqueConstraint("tenant", "digest"),
-        Index("ix_judge_answers_created_at", "created_at"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    tenant: Mapped[str] = mapped_column(String(128))
-    digest: Mapped[str] = mapped_column(String(64))
-    kind: Mapped[str] = mapped_column(String(16))
-    model: Mapped[str] = mapped_column(String(256))
-    backend: Mapped[str] = mapped_column(String(32))
-    #: Who gave the answer (as on a judgment).
-    served_model: Mapped[str | None] = mapped_column(String(256))
-    endpoint: Mapped[str | None] = mapped_column(String(512))
-    #: The judge's JSON answer and the validated verdict (its fields by kind).
-    answer: Mapped[Any] = mapped_column(JSON, nullable=True)
-    verdict: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class JudgeEndpoint(Base):
-    """The state of one judge endpoint as the processes calling it last saw it.
-
-    Written on each change of a process's circuit breaker (drcredit.judges.breaker), so
-    that ``/readyz`` and the status documents can say the judge is down, and since when,
-    whichever process noticed it.
-    """
-
-    __tablename__ = "judge_endpoints"
-
-    endpoint: Mapped[str] = mapped_column(String(512), primary_key=True)
-    state: Mapped[str] = mapped_column(String(16))  # up | down
-    since: Mapped[datetime] = mapped_column()
-    reason: Mapped[str | None] = mapped_column(Text)
-    outages: Mapped[int] = mapped_column(Integer, default=0)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
-
-
-class Replay(Base):
-    """A sensitivity replay under other parameters, kept for later comparison."""
-
-    __tablename__ = "replays"
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
-    params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    result: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class Audit(Base):
-    """A judge audit: sampled done groups re-scored by a second judge and compared.
-
-    The re-scoring is kept apart (:class:`AuditGroup`): an audit never changes a group,
-    its judgments or its stored documents.
-    """
-
-    __tablename__ = "audits"
-    __table_args__ = (
-        UniqueConstraint("audit_id"),
-        Index("ix_audits_tenant_created", "tenant", "created_at"),
-        Index("ix_audits_held_until", "held_until"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    audit_id: Mapped[str] = mapped_column(String(64))
-    tenant: Mapped[str] = mapped_column(String(128))
-    #: The audit judge's name in DRCREDIT_AUDIT_JUDGES, and its model.
-    judge: Mapped[str] = mapped_column(String(128))
-    judge_model: Mapped[str | None] = mapped_column(String(256))
-    #: What was asked: ``{"run": R}``, ``{"batch_id": B}`` or ``{"group_ids": [...]}``.
-    scope: Mapped[dict[str, Any]] = mapped_column(JSON)
-    sample_groups: Mapped[int | None] = mapped_column(Integer)
-    seed: Mapped[int] = mapped_column(BigInteger, default=0)
-    #: queued | running | done | failed (queued with ``held_until``: shown ``waiting_for_budget``)
-    status: Mapped[str] = mapped_column(String(16), default="queued")
-    error: Mapped[str | None] = mapped_column(Text)
-    #: The sampled groups (public ids), in order.
-    group_ids: Mapped[list[Any]] = mapped_column(JSON)
-    #: The report (agreement, effect, usage) once done.
-    report: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    #: The process running it and until when that claim holds (renewed while it runs).
-    lease_owner: Mapped[str | None] = mapped_column(String(128))
-    lease_expires_at: Mapped[datetime | None] = mapped_column()
-    #: Accepted past its tenant's budget (``on_budget: wait``): queued, and neither sent
-    #: nor claimed before this reset; the budget it waits for.
-    held_until: Mapped[datetime | None] = mapped_column()
-    held_for: Mapped[str | None] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column()
-    finished_at: Mapped[datetime | None] = mapped_column()
-
-
-class AuditGroup(Base):
-    """One sampled group as the audit judge scored it: its judgments and advantages."""
-
-    __tablename__ = "audit_groups"
-    __table_args__ = (UniqueConstraint("audit_pk", "group_pk"),)
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    audit_pk: Mapped[int] = mapped_column(ForeignKey("audits.id", ondelete="CASCADE"))
-    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
-    #: Every judgment the audit judge made: kind, key, status, value, history size, attempts.
-    judgments: Mapped[list[Any]] = mapped_column(JSON)
-    #: Per rollout and turn: process advantage (A_rg) and fused advantage; outcome rewards.
-    advantages: Mapped[dict[str, Any]] = mapped_column(JSON)
-    usage: Mapped[dict[str, Any]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class Label(Base):
-    """A person's value for one judgment's key (docs/audit.md, "Labels from people").
-
-    Keys are those the audit compares: ``kind`` visit | snippet (``turn_index`` and the
-    rubric in ``key_id``), report_rubric (the rubric) or citation (the claim index);
-    the two outcome kinds have no turn (``turn_index`` -1). One value per labeler and
-    key: a second label replaces the first.
-    """
-
-    __tablename__ = "labels"
-    __table_args__ = (
-        UniqueConstraint(
-            "tenant", "group_pk", "kind", "rollout_id", "turn_index", "key_id", "labeler", name="uq_labels_item_labeler"
-        ),
-        Index("ix_labels_tenant_labeler", "tenant", "labeler"),
-        Index("ix_labels_group_pk", "group_pk"),
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True)
-    tenant: Mapped[str] = mapped_column(String(128))
-    group_pk: Mapped[int] = mapped_column(ForeignKey("groups.id", ondelete="CASCADE"))
-    kind: Mapped[str] = mapped_column(String(16))
-    rollout_id: Mapped[str] = mapped_column(String(256))
-    turn_index: Mapped[int] = mapped_column(Integer)
-    key_id: Mapped[str] = mapped_column(String(256))
-    labeler: Mapped[str] = mapped_column(String(128))
-    value: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class TenantUsage(Base):
-    """The judge usage of a tenant's finished groups and ended judge audits, per bucket
-    of time (an hour, or a test window): written in the transaction that ends each
-    group or audit, so a group counts here once it is final and in the sums over its
-    judgments while it runs."""
-
-    __tablename__ = "tenant_usage"
-
-    tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
-    bucket: Mapped[datetime] = mapped_column(primary_key=True)
-    calls: Mapped[int] = mapped_column(BigInteger, default=0)
-    judgments: Mapped[int] = mapped_column(BigInteger, default=0)
-    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    cached_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    estimated_prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
-    reused: Mapped[int] = mapped_column(BigInteger, default=0)
