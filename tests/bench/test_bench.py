@@ -7,7 +7,8 @@ import time
 from typing import Any
 
 import pytest
-from bench.judge_sim import FACT, Simulator, app, snippet_answer, visit_answer
+from bench.judge_answers import FACT, snippet_answer, visit_answer
+from bench.judge_sim import Simulator, app
 from bench.paths import naive_calls
 from bench.repeat import BASELINE_ATTEMPTS, repeat_summary, table, timed_baseline
 from bench.workload import TURN_LIMIT, make_group, make_step
@@ -238,7 +239,7 @@ def test_a_failing_simulator_answers_500_and_the_judge_is_unavailable_past_the_d
 def test_judged_outcome_workload_and_simulated_outcome_answers() -> None:
     """The outcome bench: reports cite usable pages, rewards are left to the service, and
     the simulator answers both outcome prompts validly."""
-    from bench.judge_sim import citation_answer, rubric_answer
+    from bench.judge_answers import citation_answer, rubric_answer
     from bench.workload import with_judged_outcomes
 
     from drcredit.domain.outcome import report_facts
