@@ -25,11 +25,11 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from drcredit.storage.migrate import upgrade
 from tests.support.infra import postgres_database
 from tests.support.live import free_port
 from tests.support.services import Workers, private_redis
-
-from drcredit.storage.migrate import upgrade
 
 pytestmark = pytest.mark.infra
 
