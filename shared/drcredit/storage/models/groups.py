@@ -1,5 +1,6 @@
 """The scoring tables: batches, groups, their rollouts and turns, the judgments, the
-work units that make them, and the claims that keep a request from being stored twice."""
+work units that make them, and the claims by which one process asks a group's judge
+request while the others wait for its answer."""
 
 from __future__ import annotations
 

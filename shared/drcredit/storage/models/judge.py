@@ -1,5 +1,5 @@
-"""What the platform keeps of the judge: the tenant's store of answers (reuse) and each
-endpoint's learned record."""
+"""What the platform keeps of the judge: the tenants' store of answers (reuse) and each
+endpoint's state as the calling processes last saw it (up or down, and since when)."""
 
 from __future__ import annotations
 
