@@ -68,40 +68,22 @@ def convert_all() -> dict[str, dict[str, Any]]:
     }
 
 
-def search_call(response: Any, *, queries: Any = ("q",)) -> list[dict[str, Any]]:
+def one_call(said: str, tool: str, arguments: dict[str, Any], response: Any) -> list[dict[str, Any]]:
+    """A question, one assistant step calling ``tool`` with ``arguments``, and its answer."""
+    call = {"id": "c1", "type": "function", "function": {"name": tool, "arguments": json.dumps(arguments)}}
     return [
         {"role": "user", "content": "question"},
-        {
-            "role": "assistant",
-            "content": "look",
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "web_search", "arguments": json.dumps({"queries": list(queries)})},
-                }
-            ],
-        },
+        {"role": "assistant", "content": said, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "c1", "content": response},
     ]
+
+
+def search_call(response: Any, *, queries: Any = ("q",)) -> list[dict[str, Any]]:
+    return one_call("look", "web_search", {"queries": list(queries)}, response)
 
 
 def visit_call(response: Any, urls: list[str]) -> list[dict[str, Any]]:
-    return [
-        {"role": "user", "content": "question"},
-        {
-            "role": "assistant",
-            "content": "read",
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "web_visit", "arguments": json.dumps({"urls": urls, "goal": "facts"})},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "c1", "content": response},
-    ]
+    return one_call("read", "web_visit", {"urls": urls, "goal": "facts"}, response)
 
 
 def only_turn(messages: list[dict[str, Any]]) -> dict[str, Any]:
