@@ -61,6 +61,28 @@ def test_hundreds_of_calls_pacing_at_once_wait_for_a_redis_connection_instead_of
     assert len(waits) == 600 and max(waits) == pytest.approx(600 / 100.0 - rates.BURST_S, abs=0.3)
 
 
+def test_a_429_holds_the_shared_schedule_back_for_every_process() -> None:
+    """After a 429 the schedule is held on Redis' clock: the next call a process
+    reserves waits out the hold (0.5 s here), and later ones a full turn each."""
+    scope = f"test-{uuid.uuid4().hex[:8]}"
+    store = RedisStore(f"{REDIS_URL}/13", scope)
+    key = f"{scope}:rpm"
+
+    async def run() -> list[float]:
+        try:
+            await store.defer(key, 0.5)
+            return [await store.reserve(key, 1.0, 10.0) for _ in range(2)]
+        finally:
+            await store.aclose()
+
+    try:
+        first, second = asyncio.run(run())
+    finally:
+        redis.Redis.from_url(f"{REDIS_URL}/13").delete(f"drcredit:judge:pace:{key}")
+    assert first == pytest.approx(0.5, abs=0.05)
+    assert second == pytest.approx(0.6, abs=0.05)
+
+
 def test_two_processes_probing_an_inferred_pace_raise_it_as_one_would() -> None:
     """Each process probes the one shared pace by its part of the demand: two processes with
     half each raise it by RATE_PROBE per second in all, not twice that."""

@@ -15,6 +15,7 @@ from drcredit.judges.fleet import rates
 from drcredit.judges.fleet.endpoints import EndpointConfig
 from drcredit.judges.fleet.router import Fleet
 from drcredit.judges.fleet.state import Endpoint
+from drcredit.judges.fleet.store import MemoryStore
 from tests.support import aio
 
 # ----------------------------------------------------------------------------- rate pacing
@@ -59,6 +60,26 @@ def test_turns_that_fell_in_a_cooling_are_spent_when_it_ends_not_taken_again() -
 
     took = aio.run(run())
     assert 0.3 <= took < 0.55
+
+
+def test_a_429_under_the_pace_spends_its_burst_and_holds_the_next_call_back() -> None:
+    # Paced at 10 a second, the schedule's next turn at 100.2 (a call may start at 100.1);
+    # a 429 at 100.0 asking 0.1 s: the quota is empty, so the next call starts at 100.1 + 0
+    # and later ones a full turn apart, no burst left (the schedule moves to 100.2 + 0.1).
+    tat = rates.deferred(100.2, now=100.0, seconds=0.1, burst_s=0.1)
+    assert tat == pytest.approx(100.2)
+    _, wait = rates.reserve(tat, now=100.0, cost=1, rate_per_s=10, burst_s=0.1)
+    assert wait == pytest.approx(0.1)
+    # A schedule already further ahead than the 429 asks is left as it is.
+    assert rates.deferred(105.0, now=100.0, seconds=0.1, burst_s=0.1) == 105.0
+
+
+def test_a_429s_retry_after_wins_over_the_windows_reset() -> None:
+    """The window's reset is when it is full again (a second here); the retry-after of a
+    429, when it has one, is when the next call may go."""
+    window = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
+    assert rates.read_headers({**window, "retry-after-ms": "25"}, 429).wait_s == pytest.approx(0.025)
+    assert rates.read_headers(window, 429).wait_s == pytest.approx(1.0)
 
 
 def test_rate_headers_give_the_limits_per_minute() -> None:
@@ -172,6 +193,53 @@ def test_a_429s_retry_after_cools_the_endpoint_only_while_no_pace_is_known(
     (one endpoint: nowhere else to go)."""
     e, waited = _a_429(100.0, rpm=pace, sent=[100.0], wait_s=1.0)
     assert (e.cool_until > 100.0, waited) == (cooled, hold_off)
+
+
+@pytest.mark.parametrize(("declared", "cooled"), [(None, True), ("1200", False)])
+def test_an_answer_from_an_exhausted_window_cools_the_endpoint_only_while_no_pace_is_known(
+    declared: str | None, cooled: bool
+) -> None:
+    """Calls paced exactly at a quota find its window at 0 after nearly every call: cooling
+    on each such answer made the calls go in bursts (a cooling's worth of turns at once)
+    that the quota refused. Under a pace the pace is the answer; without one, the cooling."""
+    headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1s"}
+    if declared is not None:
+        headers["x-ratelimit-limit-requests"] = declared
+
+    async def run() -> Endpoint:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: 100.0)
+        e = fleet.endpoints[0]
+        lease = fleet._lease(e, probe=False)
+        fleet.answered(lease, 0.2, rates.read_headers(headers, 200))
+        fleet.release(lease)
+        await asyncio.sleep(0)
+        return e
+
+    e = aio.run(run())
+    assert (e.cool_until == pytest.approx(101.0), e.record.rpm) == (
+        cooled,
+        None if declared is None else float(declared),
+    )
+
+
+@pytest.mark.parametrize(("pace", "deferred_to"), [(None, None), (1200.0, 100.0 + 0.05 + rates.BURST_S)])
+def test_a_429_under_a_pace_holds_the_schedule_one_turn(pace: float | None, deferred_to: float | None) -> None:
+    """1,200 a minute is a turn every 0.05 s: after a 429 at t=100 the schedule's next call
+    starts at 100.05 (its burst spent). Without a pace there is no schedule to hold."""
+
+    async def run() -> float | None:
+        fleet = Fleet([EndpointConfig("http://judge-0/v1")], clock=lambda: 100.0)
+        store = fleet.store
+        assert isinstance(store, MemoryStore)
+        store._clock = lambda: 100.0
+        e = fleet.endpoints[0]
+        e.record = dataclasses.replace(e.record, rpm=pace)
+        lease = fleet._lease(e, probe=False)
+        await fleet.refused(lease)
+        fleet.release(lease)
+        return store._schedules.get(f"{e.url}:rpm")
+
+    assert aio.run(run()) == (None if deferred_to is None else pytest.approx(deferred_to))
 
 
 def test_a_process_scales_the_rate_it_saw_by_its_part_of_the_demand() -> None:

@@ -217,6 +217,7 @@ class OpenAIJudge(Judge):
                 return replace(completion, waited_s=max(0.0, time.monotonic() - began - answered_in))
             except RateLimited as exc:
                 hold_off = self.fleet.rate_limited(lease, exc.rates)
+                await self.fleet.refused(lease)
                 plan.tries.append(self._try("rate_limited", started, str(exc), e))
                 limited_since = limited_since or started
                 if time.monotonic() - limited_since > self.timeout_s:

@@ -265,9 +265,14 @@ class Learning:
         e.grown = 0.0
         self._background_update(e, lambda r: replace(r, limit=change(r.limit)))
 
-    def _learn_rates(self, e: Endpoint, rates: RateHeaders, *, cool: bool = True) -> None:
-        if cool and rates.wait_s is not None and rates.wait_s > 0:
-            e.cool_until = max(e.cool_until, self._clock() + rates.wait_s)
+    def _learn_rates(self, e: Endpoint, rates: RateHeaders, *, cool: bool | None = None) -> None:
+        """Take in the rates an answer states, and cool the endpoint for the wait it asks.
+
+        ``cool`` None: only while no requests-per-minute pace holds after this answer.
+        Calls paced exactly at a quota leave its window at 0 after nearly every call, so
+        each answer said "exhausted, full again in a second": cooling on it sent the
+        calls in bursts of a whole cooling's turns, beyond what the quota had refilled.
+        """
         known = rates.limits
         if (known.rpm is not None and known.rpm != e.record.rpm) or (
             known.tpm is not None and known.tpm != e.record.tpm
@@ -282,6 +287,10 @@ class Learning:
             self._background_update(
                 e, lambda r: replace(declared(r), rpm_inferred=r.rpm_inferred and known.rpm is None)
             )
+        if cool is None:
+            cool = e.record.rpm is None
+        if cool and rates.wait_s is not None and rates.wait_s > 0:
+            e.cool_until = max(e.cool_until, self._clock() + rates.wait_s)
 
     def _set_inferred(self, e: Endpoint, rpm: float) -> None:
         e.record = replace(e.record, rpm=rpm, rpm_inferred=True)

@@ -79,6 +79,12 @@ def refund(tat: float, now: float, cost: float, rate_per_s: float) -> float:
     return max(now, tat - cost / rate_per_s)
 
 
+def deferred(tat: float, now: float, seconds: float, burst_s: float = BURST_S) -> float:
+    """The schedule after a 429 under it: the quota is empty now, so no call starts within
+    ``seconds`` and the burst tolerance is spent (the schedule was ahead of the quota)."""
+    return max(tat, now + seconds + burst_s)
+
+
 def inferred_rpm(sent_at: Iterable[float], refused_at: Iterable[float], since: float, now: float) -> float | None:
     """Requests per minute a judge accepted from ``since`` (or its first call after it)
     to its 429, with a margin: the calls sent in that span less those it refused. A
@@ -147,10 +153,10 @@ def read_headers(headers: Mapping[str, str], status: int, now: float | None = No
     if status == 429:
         wait = _retry_after(lower, now)
     remaining = _number(lower.get("x-ratelimit-remaining-requests"))
-    if remaining is not None and remaining <= 0:
-        reset = _duration(lower.get("x-ratelimit-reset-requests"))
-        if reset is not None:
-            wait = max(wait or 0.0, reset)
+    if wait is None and remaining is not None and remaining <= 0:
+        # The window's reset is when it is full again, later than the next call may go:
+        # a 429's own retry-after says that, and wins.
+        wait = _duration(lower.get("x-ratelimit-reset-requests"))
     if wait is not None:
         wait = min(max(wait, 0.0), MAX_RETRY_AFTER_S)
     return RateHeaders(limits, wait)

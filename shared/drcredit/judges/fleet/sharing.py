@@ -150,6 +150,19 @@ class Sharing:
         lease.load = e.load
         e.sent.append(lease.sent_at)
 
+    async def refused(self, lease: Lease) -> None:
+        """A 429 under the endpoint's pace: its quota is empty now, so the schedule was
+        ahead of it (a first step's schedule starts with a burst's credit the quota has
+        already spent). The next call starts no sooner than one turn from now; a turn,
+        not the retry-after, which servers round up to whole seconds."""
+        e = lease.endpoint
+        if e.record.rpm is None:
+            return
+        try:
+            await self.store.defer(f"{e.url}:rpm", 60.0 / e.record.rpm)
+        except RedisError as exc:
+            log.warning("could not hold back the shared schedule of %s after a 429: %s", e.url, exc)
+
     def _growth_wait(self, e: Endpoint) -> float:
         """Slow start's new room on an endpoint with no known rate, spread over half a
         round (:func:`limits.growth_pace`); seconds this call waits."""

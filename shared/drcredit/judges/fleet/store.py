@@ -120,6 +120,10 @@ class FleetStore(ABC):
         """Give back units reserved but not used."""
 
     @abstractmethod
+    async def defer(self, key: str, seconds: float) -> None:
+        """Start no call on the schedule ``key`` within ``seconds`` (a 429 under its pace)."""
+
+    @abstractmethod
     def reports(self) -> list[ProcessReport]:
         """Every live process's last report (from any thread, for /readyz)."""
 
@@ -175,6 +179,9 @@ class MemoryStore(FleetStore):
         if key in self._schedules:
             self._schedules[key] = rates.refund(self._schedules[key], self._clock(), cost, rate_per_s)
 
+    async def defer(self, key: str, seconds: float) -> None:
+        self._schedules[key] = rates.deferred(self._schedules.get(key, 0.0), self._clock(), seconds)
+
     def reports(self) -> list[ProcessReport]:
         return [self._report] if self._report is not None else []
 
@@ -182,8 +189,8 @@ class MemoryStore(FleetStore):
         return {e: self._records.get(e, EndpointRecord()) for e in endpoints}
 
 
-#: One GCRA reservation (the rule of :func:`drcredit.judges.fleet.rates.reserve` and
-#: ``refund``), on Redis' own clock so that processes on different hosts agree.
+#: One GCRA reservation (the rules of :func:`drcredit.judges.fleet.rates.reserve`,
+#: ``refund`` and ``deferred``), on Redis' own clock so that processes on different hosts agree.
 _GCRA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -191,6 +198,11 @@ local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
 local cost, rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 if ARGV[4] == 'refund' then
   tat = math.max(now, tat - cost / rate)
+  redis.call('SET', KEYS[1], string.format('%.6f', tat), 'EX', 3600)
+  return '0'
+end
+if ARGV[4] == 'defer' then
+  tat = math.max(tat, now + cost + burst)
   redis.call('SET', KEYS[1], string.format('%.6f', tat), 'EX', 3600)
   return '0'
 end
@@ -304,6 +316,11 @@ class RedisStore(FleetStore):
         self._client()
         script = self._gcra[asyncio.get_running_loop()]
         await script(keys=[f"drcredit:judge:pace:{key}"], args=[cost, rate_per_s, rates.BURST_S, "refund"])
+
+    async def defer(self, key: str, seconds: float) -> None:
+        self._client()
+        script = self._gcra[asyncio.get_running_loop()]
+        await script(keys=[f"drcredit:judge:pace:{key}"], args=[seconds, 1.0, rates.BURST_S, "defer"])
 
     def reports(self) -> list[ProcessReport]:
         now = time.time()
