@@ -63,13 +63,15 @@ def test_turns_that_fell_in_a_cooling_are_spent_when_it_ends_not_taken_again() -
 
 
 def test_a_429_under_the_pace_spends_its_burst_and_holds_the_next_call_back() -> None:
-    # Paced at 10 a second, the schedule's next turn at 100.2 (a call may start at 100.1);
-    # a 429 at 100.0 asking 0.1 s: the quota is empty, so the next call starts at 100.1 + 0
-    # and later ones a full turn apart, no burst left (the schedule moves to 100.2 + 0.1).
-    tat = rates.deferred(100.2, now=100.0, seconds=0.1, burst_s=0.1)
+    # Paced at 10 a second, the schedule's next turn is at 100.05: with the 0.1 s burst a
+    # call could start at once. A 429 at 100.0 asking 0.1 s moves the turn to 100.2 (100.0
+    # + 0.1 + the burst, spent): the next call waits 0.1 s, the one after a full turn more.
+    tat = rates.deferred(100.05, now=100.0, seconds=0.1, burst_s=0.1)
     assert tat == pytest.approx(100.2)
-    _, wait = rates.reserve(tat, now=100.0, cost=1, rate_per_s=10, burst_s=0.1)
+    tat, wait = rates.reserve(tat, now=100.0, cost=1, rate_per_s=10, burst_s=0.1)
     assert wait == pytest.approx(0.1)
+    _, wait = rates.reserve(tat, now=100.0, cost=1, rate_per_s=10, burst_s=0.1)
+    assert wait == pytest.approx(0.2)
     # A schedule already further ahead than the 429 asks is left as it is.
     assert rates.deferred(105.0, now=100.0, seconds=0.1, burst_s=0.1) == 105.0
 
