@@ -183,7 +183,7 @@ def test_a_replica_started_again_after_a_kill_gets_back_the_limit_it_had(tmp_pat
 def test_a_rate_limited_judge_that_states_its_rate_is_paced_under_it(latency: float) -> None:
     """Also with answers slower than the quota's second: every answer then said "window
     exhausted, full in a second", and cooling on each sent the calls in bursts the quota
-    refused (52 429s of 200 calls at 1 s; 70 once in CI at 0.2 s on a loaded machine)."""
+    refused (52 429s of 200 calls at 1 s here; 70 in one CI run at 0.2 s)."""
     quota = RateLimit(per_s=40, burst=40, headers=True)
     with running_judge(delayed(latency), rate=quota) as server:
         judge = judge_of(server.url)
