@@ -21,8 +21,8 @@ def test_closing_the_engine_ends_its_thread_and_every_task_left_on_its_loop() ->
     gone when close returns: nothing of it goes on probing or logging afterwards (once a
     test run has closed its streams, such a log was a "--- Logging error ---")."""
     from drcredit.judges.fleet.endpoints import EndpointConfig
-    from drcredit.judges.fleet.health import FAILURES_TO_OPEN
     from drcredit.judges.fleet.router import Fleet
+    from tests.support.fleet import start_a_health_check
 
     engine = Engine(judge_concurrency=4, db_threads=1)
     ended: list[str] = []
@@ -36,11 +36,7 @@ def test_closing_the_engine_ends_its_thread_and_every_task_left_on_its_loop() ->
 
     async def fail_an_endpoint() -> threading.Thread:
         fleet = Fleet([EndpointConfig("http://judge-0/v1")], prober=prober)
-        for _ in range(FAILURES_TO_OPEN):
-            lease = fleet._place(frozenset(), False)
-            assert lease is not None
-            fleet.failed(lease, "connection", "connection refused")
-            fleet.release(lease)
+        start_a_health_check(fleet, "connection refused")
         await asyncio.sleep(0.01)  # its health check is now waiting
         return threading.current_thread()
 

@@ -14,6 +14,7 @@ from drcredit.judges.fleet.health import ALIVE_WINDOW_S, FAILURES_TO_OPEN, PROBE
 from drcredit.judges.fleet.limits import LimitState
 from drcredit.judges.fleet.router import Fleet
 from tests.support import aio
+from tests.support.fleet import start_a_health_check
 
 # ----------------------------------------------------------------------------- an endpoint's breaker
 
@@ -84,25 +85,12 @@ def test_connection_failures_leave_the_rotation_only_when_the_health_check_fails
 
     async def run() -> bool:
         fleet = Fleet([EndpointConfig("http://judge-0/v1")], prober=prober)
-        for _ in range(FAILURES_TO_OPEN):
-            lease = fleet._place(frozenset(), False)
-            assert lease is not None
-            fleet.failed(lease, "connection", "Can not write request body")
-            fleet.release(lease)
+        start_a_health_check(fleet)
         await asyncio.sleep(0.01)  # the check runs in the background
         return fleet.endpoints[0].health.up
 
     assert aio.run(run()) is stays_up
     assert checked == ["http://judge-0/v1"]
-
-
-def start_a_health_check(fleet: Fleet) -> None:
-    """Connection failures in a row: the fleet starts a health check in the background."""
-    for _ in range(FAILURES_TO_OPEN):
-        lease = fleet._place(frozenset(), False)
-        assert lease is not None
-        fleet.failed(lease, "connection", "Can not write request body")
-        fleet.release(lease)
 
 
 def test_closing_the_fleet_stops_a_health_check_in_flight(caplog: pytest.LogCaptureFixture) -> None:
