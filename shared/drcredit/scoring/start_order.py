@@ -65,10 +65,7 @@ class _Waiters:
     def _forget(self, granted: asyncio.Future[None]) -> Together:
         together = self._together.pop(granted, None)
         if together is not None:
-            siblings = self._siblings[together]
-            siblings.discard(granted)
-            if not siblings:
-                del self._siblings[together]
+            _leave(self._siblings, together, granted)
         return together
 
     def pop(self) -> tuple[int, bool, asyncio.Future[None], Together] | None:
@@ -312,10 +309,15 @@ class StartOrder:
     def _back_from_hold(self, loop: asyncio.AbstractEventLoop, priority: int, granted: asyncio.Future[None]) -> None:
         together = self._held_with.pop(granted, None)
         if together is not None:
-            held = self._held[together]
-            held.discard(granted)
-            if not held:
-                del self._held[together]
+            _leave(self._held, together, granted)
         if not granted.done():  # a unit cancelled during its hold is gone
             self._waiters.add(priority, granted, held=True, together=together)
             self._schedule(loop)
+
+
+def _leave(groups: dict[Hashable, set[asyncio.Future[None]]], together: Hashable, unit: asyncio.Future[None]) -> None:
+    """Take ``unit`` out of its group, and the group out once it is empty."""
+    members = groups[together]
+    members.discard(unit)
+    if not members:
+        del groups[together]
